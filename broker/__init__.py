@@ -1,0 +1,1 @@
+"""The asyncio broker: connections, request handlers, metadata, log storage, CLI."""

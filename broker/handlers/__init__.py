@@ -1,0 +1,1 @@
+"""One module per Kafka API (or API family): read the request, build the response."""

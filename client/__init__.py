@@ -1,0 +1,1 @@
+"""Native Python client for the table API."""

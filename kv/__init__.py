@@ -1,0 +1,1 @@
+"""Primary-key tablets on RocksDB."""

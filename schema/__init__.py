@@ -1,0 +1,1 @@
+"""Schema registry and Avro/JSON <-> Arrow mapping."""

@@ -1,0 +1,1 @@
+"""Spark data source and Kafka-source helpers."""

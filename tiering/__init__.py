@@ -1,0 +1,1 @@
+"""Object stores, remote log and lake tiering."""
