@@ -1,0 +1,115 @@
+"""The broker process: owns the metadata store, the tables and the listeners."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from fluvial.broker import handlers
+from fluvial.broker.config import BrokerConfig, new_cluster_id
+from fluvial.broker.metadata import MetadataStore
+from fluvial.broker.server import KafkaServer
+from fluvial.broker.tables import TableManager
+from fluvial.broker.wire_cache import WireCache
+
+log = logging.getLogger(__name__)
+
+_DDL = "CREATE TABLE IF NOT EXISTS cluster (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+
+
+class Broker:
+    """A single-node Fluvial broker. `start()` opens storage and listens; `stop()` closes."""
+
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.data_dir = Path(config.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = MetadataStore(self.data_dir / "metadata.db")
+        self.store.ensure_schema(_DDL)
+        self.cluster_id = self._cluster_id()
+        # fsyncs wait on the disk: a few threads so one slow bucket does not hold others.
+        self.io_executor = ThreadPoolExecutor(4, thread_name_prefix="fluvial-io")
+        # Batch conversion and encoding: C code that releases the GIL where it can.
+        self.cpu_executor = ThreadPoolExecutor(2, thread_name_prefix="fluvial-cpu")
+        self.tables = TableManager(config, self.store, self.io_executor)
+        self.wire_cache = WireCache(config.wire_cache_bytes)
+        self.kafka = KafkaServer(self)
+        self.kafka_port: int | None = None
+        self._background: list[asyncio.Task] = []
+        self.started_ms = int(time.time() * 1000)
+        self.extensions: dict[str, object] = {}
+        handlers.load_all()
+
+    def _cluster_id(self) -> str:
+        rows = self.store.query("SELECT value FROM cluster WHERE key = 'cluster_id'")
+        if rows:
+            return rows[0]["value"]
+        cid = new_cluster_id()
+        with self.store.transaction() as conn:
+            conn.execute("INSERT INTO cluster (key, value) VALUES ('cluster_id', ?)", (cid,))
+        return cid
+
+    async def start(self) -> None:
+        self.tables.open_all()
+        for hook in _START_HOOKS:
+            await hook(self)
+        self.kafka_port = await self.kafka.start(self.config.host, self.config.kafka_port)
+        self._background.append(asyncio.create_task(self._retention_loop(), name="retention"))
+        if self.config.flush_policy == "interval":
+            self._background.append(asyncio.create_task(self._flush_loop(), name="interval-flush"))
+        log.info("fluvial broker listening for Kafka clients on %s:%d (data in %s)",
+                 self.config.host, self.kafka_port, self.data_dir)
+
+    async def stop(self) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.kafka.stop()
+        for hook in _STOP_HOOKS:
+            await hook(self)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.io_executor, self._flush_all)
+        self.tables.close()
+        self.io_executor.shutdown(wait=True)
+        self.cpu_executor.shutdown(wait=True)
+        self.store.close()
+        log.info("fluvial broker stopped")
+
+    def _flush_all(self) -> None:
+        for bucket in self.tables.all_buckets():
+            bucket.tablet.flush()
+
+    async def _flush_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.config.flush_interval_ms / 1000)
+            await loop.run_in_executor(self.io_executor, self._flush_all)
+
+    async def _retention_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.config.retention_check_interval_ms / 1000)
+            now = int(time.time() * 1000)
+            for bucket in list(self.tables.all_buckets()):
+                try:
+                    await loop.run_in_executor(self.io_executor, bucket.tablet.enforce_retention, now)
+                except Exception:
+                    log.exception("retention of %s-%d failed", bucket.table.name, bucket.index)
+
+
+# Later parts (registry, groups, Flight) add start/stop hooks without the broker
+# importing them: `on_start(fn)` where fn is `async def fn(broker)`.
+_START_HOOKS: list = []
+_STOP_HOOKS: list = []
+
+
+def on_start(fn):
+    _START_HOOKS.append(fn)
+    return fn
+
+
+def on_stop(fn):
+    _STOP_HOOKS.append(fn)
+    return fn

@@ -1,0 +1,104 @@
+"""The `fluvial` command: `fluvial broker ...` runs the broker; other subcommands are tools."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from fluvial.broker.config import BrokerConfig
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the exception)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+                 "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
+
+
+def add_broker_parser(sub) -> None:
+    p = sub.add_parser("broker", help="run the broker")
+    d = BrokerConfig()
+    p.add_argument("--data-dir", type=Path, default=d.data_dir)
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--kafka-port", type=int, default=d.kafka_port)
+    p.add_argument("--advertised-host", default=None, help="host name given to clients (default: --host)")
+    p.add_argument("--node-id", type=int, default=d.node_id)
+    p.add_argument("--auto-create-topics", choices=["true", "false"], default="true")
+    p.add_argument("--default-partitions", type=int, default=d.default_partitions)
+    p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes)
+    p.add_argument("--flush-policy", choices=["ack", "interval", "none"], default=d.flush_policy,
+                   help="ack: acks=all produce is fsynced before acknowledged (default); interval: every "
+                        "--flush-interval-ms; none: left to the OS, like Kafka's default")
+    p.add_argument("--flush-interval-ms", type=int, default=d.flush_interval_ms)
+    p.add_argument("--retention-check-interval-ms", type=int, default=d.retention_check_interval_ms)
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-format", choices=["json", "text"], default="json")
+
+
+def config_from_args(args) -> BrokerConfig:
+    return BrokerConfig(data_dir=args.data_dir, host=args.host, kafka_port=args.kafka_port,
+                        advertised_host=args.advertised_host, node_id=args.node_id,
+                        auto_create_topics=args.auto_create_topics == "true",
+                        default_partitions=args.default_partitions, max_request_bytes=args.max_request_bytes,
+                        flush_policy=args.flush_policy, flush_interval_ms=args.flush_interval_ms,
+                        retention_check_interval_ms=args.retention_check_interval_ms)
+
+
+async def run_broker(config: BrokerConfig) -> None:
+    from fluvial.broker.broker import Broker
+
+    broker = Broker(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await broker.start()
+    # A line tests and scripts can wait for.
+    print(json.dumps({"event": "ready", "kafka_port": broker.kafka_port}), flush=True)
+    await stop.wait()
+    logging.getLogger("fluvial").info("shutting down")
+    await broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fluvial", description="Fluvial: a Kafka-compatible table broker")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_broker_parser(sub)
+    for register in _SUBCOMMANDS:
+        register(sub)
+    args = parser.parse_args(argv)
+    if args.command == "broker":
+        setup_logging(args.log_level, args.log_format)
+        asyncio.run(run_broker(config_from_args(args)))
+        return 0
+    return args.run(args) or 0
+
+
+# Tool subcommands (topic, group, schema, table, ...) register themselves here:
+# each is `register(subparsers)` that sets `run=fn(args) -> int` on its parser.
+_SUBCOMMANDS: list = []
+
+
+def subcommand(register):
+    _SUBCOMMANDS.append(register)
+    return register
+
+
+if __name__ == "__main__":
+    sys.exit(main())

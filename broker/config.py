@@ -1,0 +1,94 @@
+"""Broker settings (command line) and the topic configs Fluvial understands."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass
+class BrokerConfig:
+    data_dir: Path = Path("./fluvial-data")
+    host: str = "127.0.0.1"
+    kafka_port: int = 9092
+    http_port: int = 8081
+    flight_port: int = 8815
+    node_id: int = 1
+    auto_create_topics: bool = True
+    default_partitions: int = 1
+    max_request_bytes: int = 100 * 1024 * 1024
+    # fsync policy of log tablets: "ack" (acks=all produce is fsynced before it is
+    # acknowledged), "interval" (every flush_interval_ms), "none" (left to the OS).
+    flush_policy: str = "ack"
+    flush_interval_ms: int = 1000
+    retention_check_interval_ms: int = 30_000
+    wire_cache_bytes: int = 64 * 1024 * 1024
+    advertised_host: str | None = None
+
+    @property
+    def advertised(self) -> str:
+        return self.advertised_host or self.host
+
+
+@dataclass(frozen=True)
+class TopicConfigDef:
+    name: str
+    default: str
+    kind: str  # "long" | "int" | "string" | "list"
+    doc: str
+    valid: tuple[str, ...] = ()
+
+
+# Topic configs a client may set, with the defaults a topic gets when it sets none.
+TOPIC_CONFIGS: dict[str, TopicConfigDef] = {c.name: c for c in [
+    TopicConfigDef("retention.ms", str(7 * DAY_MS), "long", "Delete closed segments older than this (-1: keep forever)."),
+    TopicConfigDef("retention.bytes", "-1", "long", "Delete the oldest segments while a bucket is larger (-1: no limit)."),
+    TopicConfigDef("segment.bytes", str(1024 * 1024 * 1024), "int", "Roll a segment once it is this large."),
+    TopicConfigDef("segment.ms", str(7 * DAY_MS), "long", "Roll a segment once it is this old."),
+    TopicConfigDef("segment.index.bytes", str(10 * 1024 * 1024), "int", "Size bound of an offset index."),
+    TopicConfigDef("index.interval.bytes", "4096", "int", "Bytes between sparse offset index entries."),
+    TopicConfigDef("cleanup.policy", "delete", "list", "Only 'delete' is supported.", ("delete",)),
+    TopicConfigDef("compression.type", "producer", "string",
+                   "Codec of fetched batches: 'producer' keeps the producer's codec.",
+                   ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")),
+    TopicConfigDef("message.timestamp.type", "CreateTime", "string", "CreateTime or LogAppendTime.",
+                   ("CreateTime", "LogAppendTime")),
+    TopicConfigDef("max.message.bytes", str(1024 * 1024 + 12), "int", "Largest record batch accepted."),
+    TopicConfigDef("min.insync.replicas", "1", "int", "Single-node broker: always 1."),
+    TopicConfigDef("flush.messages", "9223372036854775807", "long", "Informational; see the broker's flush policy."),
+    TopicConfigDef("flush.ms", "9223372036854775807", "long", "Informational; see the broker's flush policy."),
+    TopicConfigDef("fluvial.value.format", "raw", "string", "Value format on the Kafka path.", ("raw", "avro", "json")),
+    TopicConfigDef("fluvial.value.schema", "", "string", "Avro schema of the values (value format avro)."),
+]}
+
+
+def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
+    """Check names and values; returns the non-null overrides. Raises InvalidConfigError."""
+    from fluvial.errors import InvalidConfigError
+
+    out: dict[str, str] = {}
+    for name, value in configs.items():
+        d = TOPIC_CONFIGS.get(name)
+        if d is None:
+            raise InvalidConfigError(f"Unknown topic config name: {name}")
+        if value is None:
+            continue
+        if d.kind in ("long", "int"):
+            try:
+                int(value)
+            except ValueError:
+                raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: not a number") from None
+        if d.valid and value not in d.valid:
+            raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: must be one of {list(d.valid)}")
+        out[name] = value
+    return out
+
+
+def new_cluster_id() -> str:
+    import base64
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+__all__ = ["BrokerConfig", "TOPIC_CONFIGS", "TopicConfigDef", "validate_topic_configs", "new_cluster_id", "field"]

@@ -1,0 +1,58 @@
+"""DescribeCluster and DescribeTopicPartitions."""
+from __future__ import annotations
+
+from fluvial.broker.handlers import RequestContext, handles
+from fluvial.protocol.errors import ErrorCode
+from fluvial.protocol.messages import ApiKey, response_class
+
+CR = response_class(ApiKey.DESCRIBE_CLUSTER)
+TR = response_class(ApiKey.DESCRIBE_TOPIC_PARTITIONS)
+TopicEntry = TR.DescribeTopicPartitionsResponseTopic
+PartitionEntry = TopicEntry.DescribeTopicPartitionsResponsePartition
+
+
+@handles(ApiKey.DESCRIBE_CLUSTER, 0, 1)
+async def describe_cluster(ctx: RequestContext, request):
+    cfg = ctx.broker.config
+    if ctx.version >= 1 and request.endpoint_type not in (1,):
+        return ctx.response(throttle_time_ms=0, error_code=ErrorCode.MISMATCHED_ENDPOINT_TYPE,
+                            error_message="This node serves brokers, not controllers", endpoint_type=1,
+                            cluster_id=ctx.broker.cluster_id, controller_id=-1, brokers=[],
+                            authorized_operations=-2147483648)
+    return ctx.response(throttle_time_ms=0, error_code=0, error_message=None, endpoint_type=1,
+                        cluster_id=ctx.broker.cluster_id, controller_id=cfg.node_id,
+                        brokers=[CR.DescribeClusterBroker(broker_id=cfg.node_id, host=cfg.advertised,
+                                                          port=ctx.broker.kafka_port, rack=None)],
+                        authorized_operations=-2147483648)
+
+
+@handles(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, 0)
+async def describe_topic_partitions(ctx: RequestContext, request):
+    node = ctx.broker.config.node_id
+    tables = ctx.broker.tables
+    names = [t.name for t in request.topics] if request.topics else sorted(tables.tables)
+    if request.cursor is not None:
+        names = [n for n in names if n >= request.cursor.topic_name]
+    limit = request.response_partition_limit if request.response_partition_limit > 0 else 2000
+    topics, count, next_cursor = [], 0, None
+    for name in names:
+        table = tables.tables.get(name)
+        if table is None:
+            topics.append(TopicEntry(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name,
+                                     is_internal=False, partitions=[], topic_authorized_operations=-2147483648))
+            continue
+        first = request.cursor.partition_index if request.cursor is not None and name == request.cursor.topic_name else 0
+        parts = []
+        for b in table.buckets[first:]:
+            if count >= limit:
+                next_cursor = TR.Cursor(topic_name=name, partition_index=b.index)
+                break
+            parts.append(PartitionEntry(error_code=0, partition_index=b.index, leader_id=node,
+                                        leader_epoch=b.leader_epoch, replica_nodes=[node], isr_nodes=[node],
+                                        eligible_leader_replicas=None, last_known_elr=None, offline_replicas=[]))
+            count += 1
+        topics.append(TopicEntry(error_code=0, name=name, topic_id=table.topic_id, is_internal=False,
+                                 partitions=parts, topic_authorized_operations=-2147483648))
+        if next_cursor is not None:
+            break
+    return ctx.response(throttle_time_ms=0, topics=topics, next_cursor=next_cursor)

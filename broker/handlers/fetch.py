@@ -1,0 +1,125 @@
+"""Fetch: whole batches from each bucket, long-polling until min_bytes or max_wait.
+
+Batches come from the wire cache when a consumer tails what was just produced, and are
+re-encoded from the stored Arrow columns otherwise (off the event loop when large).
+No fetch sessions: session id 0 tells clients to send full requests every time.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fluvial.broker import kafka_batches
+from fluvial.broker.handlers import RequestContext, handles
+from fluvial.errors import FluvialError, UnknownTableError
+from fluvial.protocol.errors import ErrorCode
+from fluvial.protocol.messages import ApiKey, response_class
+
+R = response_class(ApiKey.FETCH)
+TopicResponse = R.FetchableTopicResponse
+PartitionData = TopicResponse.PartitionData
+
+
+def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int) -> tuple[list[bytes], int]:
+    """Encoded batches from `offset`, at most about `max_bytes` (at least one batch)."""
+    cache = ctx.broker.wire_cache
+    compression = bucket.table.config("compression.type")
+    out: list[bytes] = []
+    size = 0
+    for stored in bucket.tablet.read(offset, max_bytes):
+        wire = None
+        if compression == "producer":
+            wire = cache.get(bucket.table.name, bucket.index, stored.meta.base_offset)
+        if wire is None:
+            wire = kafka_batches.to_wire(stored, compression_type=compression, leader_epoch=bucket.leader_epoch)
+        if out and size + len(wire) > max_bytes:
+            break
+        out.append(wire)
+        size += len(wire)
+    return out, size
+
+
+def _partition_result(index: int, code: int, bucket=None, records: bytes | None = None) -> object:
+    hw = bucket.tablet.high_watermark if bucket is not None else -1
+    start = bucket.tablet.log_start_offset if bucket is not None else -1
+    return PartitionData(partition_index=index, error_code=code, high_watermark=hw, last_stable_offset=hw,
+                         log_start_offset=start, aborted_transactions=None, preferred_read_replica=-1,
+                         records=records if records is not None else b"")
+
+
+@handles(ApiKey.FETCH, 4, 17)
+async def fetch(ctx: RequestContext, request):
+    if ctx.version >= 7 and request.session_id != 0:
+        return ctx.response(throttle_time_ms=0, error_code=ErrorCode.FETCH_SESSION_ID_NOT_FOUND, session_id=0,
+                            responses=[])
+    tables = ctx.broker.tables
+    by_id = ctx.version >= 13
+    # Resolve topics and buckets once; errors are answered without waiting.
+    wanted = []  # (topic_key, partition request, bucket | error code)
+    for t in request.topics:
+        try:
+            table = tables.get_by_id(t.topic_id) if by_id else tables.get(t.topic)
+        except UnknownTableError:
+            table = None
+        for p in t.partitions:
+            if table is None:
+                target = ErrorCode.UNKNOWN_TOPIC_ID if by_id else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif not 0 <= p.partition < len(table.buckets):
+                target = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                target = table.bucket(p.partition)
+            wanted.append((t.topic_id if by_id else t.topic, p, target))
+
+    deadline = time.monotonic() + max(0, request.max_wait_ms) / 1000
+    loop = asyncio.get_running_loop()
+    while True:
+        results, total = await _collect(ctx, request, wanted, loop)
+        remaining = deadline - time.monotonic()
+        if total >= max(1, request.min_bytes) or remaining <= 0 or any(
+                r.error_code not in (0,) for _, r in results):
+            break
+        events = [target.data_arrived() for _, _, target in wanted if not isinstance(target, int)]
+        if not events:
+            break
+        waiters = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    grouped: dict = {}
+    for key, result in results:
+        grouped.setdefault(key, []).append(result)
+    topics = [TopicResponse(topic=None if by_id else key, topic_id=key if by_id else None, partitions=parts)
+              for key, parts in grouped.items()]
+    return ctx.response(throttle_time_ms=0, error_code=0, session_id=0, responses=topics)
+
+
+async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, int]:
+    results = []
+    total = 0
+    budget = request.max_bytes if request.max_bytes > 0 else 1 << 30
+    for key, p, target in wanted:
+        if isinstance(target, int):
+            results.append((key, _partition_result(p.partition, target)))
+            continue
+        bucket = target
+        limit = min(p.partition_max_bytes, max(budget - total, 0))
+        if limit <= 0 and total > 0:
+            results.append((key, _partition_result(p.partition, 0, bucket)))
+            continue
+        try:
+            if p.fetch_offset == bucket.tablet.log_end_offset:
+                batches, size = [], 0
+            elif limit > 256 * 1024:
+                batches, size = await loop.run_in_executor(
+                    ctx.broker.cpu_executor, _read_bucket, ctx, bucket, p.fetch_offset, limit)
+            else:
+                batches, size = _read_bucket(ctx, bucket, p.fetch_offset, limit)
+        except FluvialError as exc:
+            results.append((key, _partition_result(p.partition, exc.code, bucket)))
+            continue
+        total += size
+        results.append((key, _partition_result(p.partition, 0, bucket, b"".join(batches))))
+    return results, total

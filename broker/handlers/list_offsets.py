@@ -1,0 +1,53 @@
+"""ListOffsets: earliest, latest, max timestamp, or the first offset at/after a timestamp."""
+from __future__ import annotations
+
+from fluvial.broker.handlers import RequestContext, handles
+from fluvial.errors import FluvialError
+from fluvial.protocol.errors import ErrorCode
+from fluvial.protocol.messages import ApiKey, response_class
+
+R = response_class(ApiKey.LIST_OFFSETS)
+PartitionResponse = R.ListOffsetsTopicResponse.ListOffsetsPartitionResponse
+
+LATEST = -1
+EARLIEST = -2
+MAX_TIMESTAMP = -3
+EARLIEST_LOCAL = -4
+LATEST_TIERED = -5
+
+
+def lookup(bucket, timestamp: int) -> tuple[int, int]:
+    """(timestamp, offset) answered for one bucket; (-1, -1) when nothing matches."""
+    tablet = bucket.tablet
+    if timestamp == LATEST:
+        return -1, tablet.high_watermark
+    if timestamp in (EARLIEST, EARLIEST_LOCAL):
+        return -1, tablet.log_start_offset
+    if timestamp == LATEST_TIERED:
+        # Nothing is tiered to remote storage yet: no tiered offset.
+        return -1, -1
+    if timestamp == MAX_TIMESTAMP:
+        found = tablet.max_timestamp()
+        return (found[1], found[0]) if found else (-1, -1)
+    if timestamp < 0:
+        raise FluvialError(f"unknown special timestamp {timestamp}", code=ErrorCode.INVALID_REQUEST)
+    found = tablet.offset_for_timestamp(timestamp)
+    return (found[1], found[0]) if found else (-1, -1)
+
+
+@handles(ApiKey.LIST_OFFSETS, 1, 9)
+async def list_offsets(ctx: RequestContext, request):
+    topics = []
+    for t in request.topics:
+        parts = []
+        for p in t.partitions:
+            try:
+                bucket = ctx.broker.tables.get(t.name).bucket(p.partition_index)
+                ts, offset = lookup(bucket, p.timestamp)
+                parts.append(PartitionResponse(partition_index=p.partition_index, error_code=0, timestamp=ts,
+                                               offset=offset, leader_epoch=bucket.leader_epoch))
+            except FluvialError as exc:
+                parts.append(PartitionResponse(partition_index=p.partition_index, error_code=exc.code,
+                                               timestamp=-1, offset=-1, leader_epoch=-1))
+        topics.append(R.ListOffsetsTopicResponse(name=t.name, partitions=parts))
+    return ctx.response(throttle_time_ms=0, topics=topics)

@@ -1,0 +1,59 @@
+"""Metadata: brokers, cluster id and the topics with their partitions (auto-creates topics)."""
+from __future__ import annotations
+
+from fluvial.broker.handlers import RequestContext, handles
+from fluvial.errors import FluvialError, UnknownTableError
+from fluvial.protocol.errors import ErrorCode
+from fluvial.protocol.messages import ApiKey, response_class
+
+R = response_class(ApiKey.METADATA)
+
+
+def broker_entries(ctx: RequestContext) -> list:
+    cfg = ctx.broker.config
+    return [R.MetadataResponseBroker(node_id=cfg.node_id, host=cfg.advertised, port=ctx.broker.kafka_port, rack=None)]
+
+
+def topic_entry(ctx: RequestContext, table) -> object:
+    node = ctx.broker.config.node_id
+    parts = [R.MetadataResponseTopic.MetadataResponsePartition(
+        error_code=0, partition_index=b.index, leader_id=node, leader_epoch=b.leader_epoch,
+        replica_nodes=[node], isr_nodes=[node], offline_replicas=[]) for b in table.buckets]
+    return R.MetadataResponseTopic(error_code=0, name=table.name, topic_id=table.topic_id, is_internal=False,
+                                   partitions=parts, authorized_operations=-2147483648)
+
+
+def error_topic(name: str | None, code: ErrorCode, topic_id=None) -> object:
+    return R.MetadataResponseTopic(error_code=code, name=name, topic_id=topic_id, is_internal=False,
+                                   partitions=[], authorized_operations=-2147483648)
+
+
+@handles(ApiKey.METADATA, 0, 12)
+async def metadata(ctx: RequestContext, request):
+    tables = ctx.broker.tables
+    if request.topics is None or (ctx.version == 0 and not request.topics):
+        topics = [topic_entry(ctx, t) for t in tables.tables.values()]
+    else:
+        allow_create = ctx.broker.config.auto_create_topics and (ctx.version < 4 or request.allow_auto_topic_creation)
+        topics = []
+        for wanted in request.topics:
+            name = wanted.name
+            if name is None:
+                try:
+                    topics.append(topic_entry(ctx, tables.get_by_id(wanted.topic_id)))
+                except UnknownTableError:
+                    topics.append(error_topic(None, ErrorCode.UNKNOWN_TOPIC_ID, wanted.topic_id))
+                continue
+            table = tables.tables.get(name)
+            if table is None and allow_create:
+                try:
+                    table = tables.create(name, ctx.broker.config.default_partitions)
+                except FluvialError as exc:
+                    topics.append(error_topic(name, exc.code))
+                    continue
+            if table is None:
+                topics.append(error_topic(name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+            else:
+                topics.append(topic_entry(ctx, table))
+    return ctx.response(throttle_time_ms=0, brokers=broker_entries(ctx), cluster_id=ctx.broker.cluster_id,
+                        controller_id=ctx.broker.config.node_id, topics=topics, authorized_operations=-2147483648)

@@ -1,0 +1,165 @@
+"""Produce: verify each partition's batch, convert it to Arrow, append, acknowledge.
+
+Per partition: one v2 batch (v3+), CRC-32C checked, size checked, converted to the
+stored Arrow batch off the event loop, then appended in request order. acks=0 gets no
+response; acks=all waits for the bucket's group-commit fsync (flush policy "ack").
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from fluvial.broker import kafka_batches
+from fluvial.broker.handlers import Deferred, RequestContext, handles
+from fluvial.errors import FluvialError, InvalidRecordError, MessageTooLargeError, UnknownTableError
+from fluvial.protocol.errors import ErrorCode
+from fluvial.protocol.messages import ApiKey, response_class
+from fluvial.protocol.records import parse_batch_header, set_base_offset, split_batches, verify_crc
+
+log = logging.getLogger(__name__)
+R = response_class(ApiKey.PRODUCE)
+PartitionResponse = R.TopicProduceResponse.PartitionProduceResponse
+
+# Batches smaller than this are converted on the loop: a thread hop costs more.
+INLINE_CONVERT_BYTES = 16 * 1024
+
+
+@dataclass
+class _Part:
+    topic: str
+    index: int
+    response: object
+    bucket: object = None
+    wire: bytearray | None = None
+    header: object = None
+    converted: object = None  # (records, meta) | FluvialError
+
+
+def _error(index: int, exc: FluvialError | ErrorCode, message: str | None = None) -> object:
+    code = exc.code if isinstance(exc, FluvialError) else exc
+    msg = exc.message if isinstance(exc, FluvialError) else message
+    errors = []
+    if isinstance(exc, InvalidRecordError):
+        errors = [PartitionResponse.BatchIndexAndErrorMessage(batch_index=i, batch_index_error_message=m)
+                  for i, m in exc.record_errors]
+    return PartitionResponse(index=index, error_code=code, base_offset=-1, log_append_time_ms=-1,
+                             log_start_offset=-1, record_errors=errors, error_message=msg)
+
+
+def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
+    part = _Part(topic, index, None)
+    try:
+        table = ctx.broker.tables.get(topic)
+        part.bucket = table.bucket(index)
+        if records is None:
+            raise InvalidRecordError("produce request without records")
+        max_bytes = int(table.config("max.message.bytes"))
+        if len(records) > max_bytes:
+            raise MessageTooLargeError(f"batch of {len(records)} bytes exceeds max.message.bytes={max_bytes}")
+        batches = split_batches(records)
+        if len(batches) != 1:
+            raise InvalidRecordError("a produce request (v3+) must carry exactly one record batch per partition")
+        header = parse_batch_header(batches[0])
+        verify_crc(batches[0], header)
+        part.wire = bytearray(batches[0])
+        part.header = header
+    except UnknownTableError as exc:
+        part.response = _error(index, exc.code, exc.message)
+    except FluvialError as exc:
+        part.response = _error(index, exc)
+    return part
+
+
+def _convert(part: _Part, log_append_time: int | None) -> None:
+    try:
+        part.converted = kafka_batches.to_arrow(memoryview(part.wire), part.header,
+                                                log_append_time_ms=log_append_time)
+    except FluvialError as exc:
+        part.converted = exc
+
+
+@handles(ApiKey.PRODUCE, 0, 11)
+async def produce(ctx: RequestContext, request):
+    broker = ctx.broker
+    if ctx.version < 3:
+        # KIP-896: advertised from v0 so old librdkafka keeps compression on, refused below v3.
+        return ctx.response(throttle_time_ms=0, responses=[
+            R.TopicProduceResponse(name=t.name, partition_responses=[
+                _error(p.index, ErrorCode.UNSUPPORTED_VERSION, "Produce v0-2 are not supported (KIP-896)")
+                for p in t.partition_data]) for t in request.topic_data])
+    acks = request.acks
+    parts: list[_Part] = []
+    for t in request.topic_data:
+        for p in t.partition_data:
+            if acks not in (0, 1, -1):
+                parts.append(_Part(t.name, p.index, _error(p.index, ErrorCode.INVALID_REQUIRED_ACKS)))
+            else:
+                parts.append(_prepare(ctx, t.name, p.index, p.records))
+
+    todo = [p for p in parts if p.response is None]
+    big = [p for p in todo if len(p.wire) >= INLINE_CONVERT_BYTES]
+    small = [p for p in todo if len(p.wire) < INLINE_CONVERT_BYTES]
+    lat = {p.topic: kafka_batches.now_ms() for p in todo
+           if p.bucket.table.config("message.timestamp.type") == "LogAppendTime"}
+    loop = asyncio.get_running_loop()
+    pending = [loop.run_in_executor(broker.cpu_executor, _convert, p, lat.get(p.topic)) for p in big]
+    for p in small:
+        _convert(p, lat.get(p.topic))
+    if pending:
+        await asyncio.gather(*pending)
+
+    producer_state = broker.extensions.get("producer_state")
+    durable_waits = []
+    for p in todo:
+        if isinstance(p.converted, FluvialError):
+            p.response = _error(p.index, p.converted)
+            continue
+        records, meta = p.converted
+        bucket = p.bucket
+        try:
+            if producer_state is not None and meta.producer_id >= 0:
+                duplicate = producer_state.check(bucket, meta)
+                if duplicate is not None:
+                    p.response = PartitionResponse(index=p.index, error_code=0, base_offset=duplicate.base_offset,
+                                                   log_append_time_ms=-1,
+                                                   log_start_offset=bucket.tablet.log_start_offset)
+                    continue
+            written = bucket.append(records, meta)
+            if producer_state is not None and meta.producer_id >= 0:
+                producer_state.record(bucket, written)
+        except FluvialError as exc:
+            p.response = _error(p.index, exc)
+            continue
+        if p.topic not in lat:
+            set_base_offset(p.wire, written.base_offset, bucket.leader_epoch)
+            broker.wire_cache.put(p.topic, p.index, written.base_offset, bytes(p.wire))
+        p.response = PartitionResponse(index=p.index, error_code=0, base_offset=written.base_offset,
+                                       log_append_time_ms=lat.get(p.topic, -1),
+                                       log_start_offset=bucket.tablet.log_start_offset)
+        if acks == -1 and broker.config.flush_policy == "ack":
+            durable_waits.append(bucket.group_commit.wait_durable(written.base_offset + written.record_count))
+
+    if acks == 0:
+        return None
+
+    by_topic: dict[str, list] = {}
+    for p in parts:
+        by_topic.setdefault(p.topic, []).append(p.response)
+    response = ctx.response(throttle_time_ms=0, responses=[
+        R.TopicProduceResponse(name=name, partition_responses=resps) for name, resps in by_topic.items()])
+    if not durable_waits:
+        return response
+
+    async def after_fsync():
+        try:
+            await asyncio.gather(*durable_waits)
+        except Exception:
+            log.exception("fsync failed; failing the produce")
+            for tr in response.responses:
+                for pr in tr.partition_responses:
+                    if pr.error_code == 0:
+                        pr.error_code, pr.base_offset = ErrorCode.KAFKA_STORAGE_ERROR, -1
+        return response
+
+    return Deferred(after_fsync())

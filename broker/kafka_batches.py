@@ -1,0 +1,114 @@
+"""Kafka record batches <-> stored Arrow batches of a table.
+
+Produce: a v2 batch becomes one Arrow batch (system columns plus the user columns made
+by the table's value format) and a `BatchMeta` with the batch-level Kafka fields.
+Fetch: a stored batch becomes a v2 batch again, with the same offsets, timestamps, keys,
+values, headers and producer fields, compressed as the topic's `compression.type` says.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from fluvial.broker.log import BatchMeta, StoredBatch
+from fluvial.errors import InvalidRecordError
+from fluvial.protocol.records import BatchHeader, Compression, RecordColumns, build_batch, decode_records
+
+TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
+HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())]))
+CHANGE_APPEND = 0
+
+# Attribute bits kept in BatchMeta (the codec bits stay too: they name the producer's codec).
+ATTR_CODEC_MASK = 0x07
+ATTR_LOG_APPEND_TIME = 0x08
+
+_CODEC_BY_NAME = {"uncompressed": Compression.NONE, "gzip": Compression.GZIP, "snappy": Compression.SNAPPY,
+                  "lz4": Compression.LZ4, "zstd": Compression.ZSTD}
+
+
+class RawValueFormat:
+    """A raw table keeps the value bytes as they came: one binary user column `value`."""
+
+    name = "raw"
+    user_fields = [pa.field("value", pa.binary())]
+
+    def to_columns(self, values: pa.BinaryArray) -> tuple[list[pa.Array], int]:
+        return [values], -1
+
+    def to_values(self, batch: pa.RecordBatch, schema_id: int) -> pa.Array:
+        return batch.column("value")
+
+
+RAW = RawValueFormat()
+
+
+def stored_schema(value_format=RAW) -> pa.Schema:
+    return pa.schema([pa.field("_timestamp", TIMESTAMP_TYPE, nullable=False),
+                      pa.field("_change", pa.int8(), nullable=False),
+                      pa.field("_key", pa.binary()),
+                      pa.field("_headers", HEADERS_TYPE)] + list(value_format.user_fields))
+
+
+def to_arrow(batch: memoryview, header: BatchHeader, *, log_append_time_ms: int | None = None,
+             value_format=RAW) -> tuple[pa.RecordBatch, BatchMeta]:
+    """Decode one verified v2 batch into the stored Arrow batch and its meta."""
+    cols = decode_records(batch, header)
+    n = len(cols.offset_delta)
+    if n != header.records_count:
+        raise InvalidRecordError(f"batch declares {header.records_count} records but holds {n}")
+    if n == 0:
+        raise InvalidRecordError("empty record batch")
+    # Kafka requires the offset deltas of a produced batch to be 0..n-1.
+    if not np.array_equal(cols.offset_delta, np.arange(n, dtype=cols.offset_delta.dtype)) \
+            or header.last_offset_delta != n - 1:
+        raise InvalidRecordError("record offset deltas of a produced batch must be 0..n-1")
+    attributes = header.attributes & (ATTR_CODEC_MASK | 0x30)
+    if log_append_time_ms is not None:
+        ts = np.full(n, log_append_time_ms, dtype=np.int64)
+        base_ts = max_ts = log_append_time_ms
+        attributes |= ATTR_LOG_APPEND_TIME
+    else:
+        ts = cols.timestamp_delta + header.base_timestamp
+        base_ts = header.base_timestamp
+        max_ts = header.max_timestamp
+    user_columns, schema_id = value_format.to_columns(cols.values)
+    arrays = [pa.array(ts, TIMESTAMP_TYPE), pa.array(np.zeros(n, dtype=np.int8)), cols.keys, cols.headers,
+              *user_columns]
+    records = pa.RecordBatch.from_arrays(arrays, schema=stored_schema(value_format))
+    meta = BatchMeta(base_offset=-1, last_offset_delta=n - 1, record_count=n, base_timestamp=base_ts,
+                     max_timestamp=max_ts, producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+                     base_sequence=header.base_sequence, attributes=attributes,
+                     partition_leader_epoch=header.partition_leader_epoch, schema_id=schema_id)
+    return records, meta
+
+
+def fetch_codec(compression_type: str, meta: BatchMeta) -> Compression:
+    if compression_type == "producer":
+        return Compression(meta.attributes & ATTR_CODEC_MASK)
+    return _CODEC_BY_NAME[compression_type]
+
+
+def to_wire(stored: StoredBatch, *, compression_type: str = "producer", leader_epoch: int = 0,
+            value_format=RAW) -> bytes:
+    """Re-encode a stored batch as a Kafka v2 batch with its original offsets."""
+    meta, batch = stored.meta, stored.batch
+    ts = batch.column("_timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    offsets = batch.column("_offset").to_numpy(zero_copy_only=False)
+    cols = RecordColumns(
+        timestamp_delta=(ts - meta.base_timestamp).astype(np.int64),
+        offset_delta=(offsets - meta.base_offset).astype(np.int32),
+        keys=batch.column("_key"),
+        values=value_format.to_values(batch, meta.schema_id),
+        headers=batch.column("_headers"),
+    )
+    return build_batch(base_offset=meta.base_offset, partition_leader_epoch=leader_epoch,
+                       attributes=meta.attributes & ~ATTR_CODEC_MASK, base_timestamp=meta.base_timestamp,
+                       max_timestamp=meta.max_timestamp, producer_id=meta.producer_id,
+                       producer_epoch=meta.producer_epoch, base_sequence=meta.base_sequence, columns=cols,
+                       compression=fetch_codec(compression_type, meta))
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

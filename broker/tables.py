@@ -1,0 +1,243 @@
+"""Tables (Kafka topics) and their buckets (partitions): the registry of log tablets.
+
+A table's definition (topic id, bucket count, config overrides) lives in the metadata
+store; each bucket owns one `LogTablet` under `<data-dir>/log/<table>-<bucket>/`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import shutil
+import time
+import uuid
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from fluvial.broker.config import TOPIC_CONFIGS, BrokerConfig, validate_topic_configs
+from fluvial.broker.log import BatchMeta, FlushPolicy, LogConfig, LogTablet
+from fluvial.broker.metadata import MetadataStore
+from fluvial.errors import InvalidPartitionsError, InvalidTableError, TableExistsError, UnknownTableError
+
+log = logging.getLogger(__name__)
+
+_LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS tables (
+    name TEXT PRIMARY KEY,
+    topic_id TEXT NOT NULL UNIQUE,
+    buckets INTEGER NOT NULL,
+    configs TEXT NOT NULL,
+    created_ms INTEGER NOT NULL
+);
+"""
+
+
+def validate_table_name(name: str) -> None:
+    if not name or name in (".", "..") or not _LEGAL_NAME.match(name):
+        raise InvalidTableError(
+            f"Topic name {name!r} is illegal: it must be 1-249 characters of ASCII letters, digits, '.', '_' or '-'")
+
+
+class GroupCommit:
+    """Shares one fsync among all appends waiting for durability of a bucket.
+
+    `wait_durable(offset)` returns once every record below `offset` is on disk. While a
+    flush runs, later waiters queue behind it and are covered by the next flush.
+    """
+
+    def __init__(self, tablet: LogTablet, executor: Executor):
+        self._tablet = tablet
+        self._executor = executor
+        self.durable_offset = tablet.log_end_offset
+        self._running: asyncio.Future | None = None
+
+    async def wait_durable(self, offset: int) -> None:
+        while self.durable_offset < offset:
+            if self._running is not None:
+                await asyncio.shield(self._running)
+                continue
+            target = self._tablet.log_end_offset
+            loop = asyncio.get_running_loop()
+            self._running = loop.run_in_executor(self._executor, self._tablet.flush)
+            try:
+                await asyncio.shield(self._running)
+                self.durable_offset = max(self.durable_offset, target)
+            finally:
+                self._running = None
+
+
+class Bucket:
+    """One partition of a table: its log tablet, its durability and its waiting readers."""
+
+    def __init__(self, table: "Table", index: int, tablet: LogTablet, io_executor: Executor):
+        self.table = table
+        self.index = index
+        self.tablet = tablet
+        self.group_commit = GroupCommit(tablet, io_executor)
+        self._data_arrived = asyncio.Event()
+
+    # A single-node broker is the only leader a bucket ever has: its epoch stays 0.
+    leader_epoch = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.table.name, self.index)
+
+    def append(self, records: pa.RecordBatch, meta: BatchMeta) -> BatchMeta:
+        written = self.tablet.append(records, meta)
+        # Wake long-polling fetches, then arm a fresh event for the next ones.
+        self._data_arrived.set()
+        self._data_arrived = asyncio.Event()
+        return written
+
+    def data_arrived(self) -> asyncio.Event:
+        return self._data_arrived
+
+
+@dataclass
+class Table:
+    name: str
+    topic_id: uuid.UUID
+    configs: dict[str, str]
+    created_ms: int
+    buckets: list[Bucket] = field(default_factory=list)
+
+    def config(self, name: str) -> str:
+        return self.configs.get(name, TOPIC_CONFIGS[name].default)
+
+    def bucket(self, index: int) -> Bucket:
+        if not 0 <= index < len(self.buckets):
+            raise UnknownTableError(f"Table {self.name} has no bucket {index}")
+        return self.buckets[index]
+
+
+def log_config_for(table_configs: dict[str, str], broker: BrokerConfig) -> LogConfig:
+    def get(name: str) -> int:
+        return int(table_configs.get(name, TOPIC_CONFIGS[name].default))
+
+    return LogConfig(
+        segment_bytes=get("segment.bytes"),
+        segment_ms=get("segment.ms"),
+        retention_ms=get("retention.ms"),
+        retention_bytes=get("retention.bytes"),
+        index_interval_bytes=get("index.interval.bytes"),
+        flush_policy=FlushPolicy(broker.flush_policy),
+        flush_interval_ms=broker.flush_interval_ms,
+    )
+
+
+class TableManager:
+    """Creates, opens, alters and deletes tables; finds buckets by name or topic id."""
+
+    def __init__(self, config: BrokerConfig, store: MetadataStore, io_executor: Executor):
+        self.config = config
+        self.store = store
+        self.io_executor = io_executor
+        self.log_dir = Path(config.data_dir) / "log"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.tables: dict[str, Table] = {}
+        self.by_id: dict[uuid.UUID, Table] = {}
+        store.ensure_schema(_DDL)
+
+    def open_all(self) -> None:
+        for row in self.store.query("SELECT name, topic_id, buckets, configs, created_ms FROM tables"):
+            table = Table(row["name"], uuid.UUID(row["topic_id"]), json.loads(row["configs"]), row["created_ms"])
+            for i in range(row["buckets"]):
+                table.buckets.append(self._open_bucket(table, i))
+            self._register(table)
+        log.info("opened %d tables", len(self.tables))
+
+    def _bucket_dir(self, name: str, index: int) -> Path:
+        return self.log_dir / f"{name}-{index}"
+
+    def _open_bucket(self, table: Table, index: int) -> Bucket:
+        tablet = LogTablet.open(self._bucket_dir(table.name, index), log_config_for(table.configs, self.config))
+        return Bucket(table, index, tablet, self.io_executor)
+
+    def _register(self, table: Table) -> None:
+        self.tables[table.name] = table
+        self.by_id[table.topic_id] = table
+
+    def get(self, name: str) -> Table:
+        table = self.tables.get(name)
+        if table is None:
+            raise UnknownTableError(f"Unknown table {name!r}")
+        return table
+
+    def get_by_id(self, topic_id: uuid.UUID) -> Table:
+        table = self.by_id.get(topic_id)
+        if table is None:
+            raise UnknownTableError(f"Unknown topic id {topic_id}")
+        return table
+
+    def create(self, name: str, buckets: int, configs: dict[str, str | None] | None = None,
+               *, validate_only: bool = False) -> Table:
+        validate_table_name(name)
+        if name in self.tables:
+            raise TableExistsError(f"Topic '{name}' already exists.")
+        if buckets <= 0:
+            raise InvalidPartitionsError(f"Number of partitions must be larger than 0, got {buckets}")
+        if buckets > 10_000:
+            raise InvalidPartitionsError(f"Number of partitions {buckets} is above the limit of 10000")
+        overrides = validate_topic_configs(configs or {})
+        table = Table(name, uuid.uuid4(), overrides, int(time.time() * 1000))
+        if validate_only:
+            return table
+        # Stale directories of an earlier table of the same name must not leak in.
+        for i in range(buckets):
+            shutil.rmtree(self._bucket_dir(name, i), ignore_errors=True)
+        with self.store.transaction() as conn:
+            conn.execute("INSERT INTO tables (name, topic_id, buckets, configs, created_ms) VALUES (?, ?, ?, ?, ?)",
+                         (name, str(table.topic_id), buckets, json.dumps(overrides), table.created_ms))
+        for i in range(buckets):
+            table.buckets.append(self._open_bucket(table, i))
+        self._register(table)
+        log.info("created table %s with %d buckets", name, buckets)
+        return table
+
+    def add_buckets(self, name: str, total: int) -> Table:
+        table = self.get(name)
+        if total <= len(table.buckets):
+            raise InvalidPartitionsError(
+                f"Topic currently has {len(table.buckets)} partitions, {total} would not be an increase.")
+        with self.store.transaction() as conn:
+            conn.execute("UPDATE tables SET buckets = ? WHERE name = ?", (total, name))
+        for i in range(len(table.buckets), total):
+            shutil.rmtree(self._bucket_dir(name, i), ignore_errors=True)
+            table.buckets.append(self._open_bucket(table, i))
+        return table
+
+    def alter_configs(self, name: str, overrides: dict[str, str]) -> Table:
+        table = self.get(name)
+        clean = validate_topic_configs(overrides)
+        with self.store.transaction() as conn:
+            conn.execute("UPDATE tables SET configs = ? WHERE name = ?", (json.dumps(clean), name))
+        table.configs = clean
+        for bucket in table.buckets:
+            bucket.tablet.config = log_config_for(clean, self.config)
+        return table
+
+    def delete(self, name: str) -> Table:
+        table = self.get(name)
+        with self.store.transaction() as conn:
+            conn.execute("DELETE FROM tables WHERE name = ?", (name,))
+        del self.tables[name]
+        self.by_id.pop(table.topic_id, None)
+        for bucket in table.buckets:
+            bucket.tablet.delete()
+        log.info("deleted table %s", name)
+        return table
+
+    def all_buckets(self):
+        for table in list(self.tables.values()):
+            yield from table.buckets
+
+    def close(self) -> None:
+        for bucket in self.all_buckets():
+            bucket.tablet.close()

@@ -1,0 +1,37 @@
+"""Shared fixtures: a real broker process per test session, and fresh ones on demand."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.support.broker_process import BrokerProcess
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory) -> BrokerProcess:
+    """One broker for the whole session (auto topic creation on, 1 partition by default)."""
+    b = BrokerProcess(tmp_path_factory.mktemp("broker") / "data").start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def fresh_broker(tmp_path):
+    """A broker of this test's own, started on demand with extra command-line arguments."""
+    started: list[BrokerProcess] = []
+
+    def make(*args: str) -> BrokerProcess:
+        b = BrokerProcess(tmp_path / f"data{len(started)}", *args).start()
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
+        if b.alive():
+            b.stop()
+
+
+@pytest.fixture
+def topic_name() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"

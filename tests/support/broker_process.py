@@ -1,0 +1,86 @@
+"""Runs a real `fluvial broker` process for integration tests."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BrokerProcess:
+    """A broker child process on a free port with its own data dir; restartable."""
+
+    def __init__(self, data_dir: Path, *extra_args: str, port: int | None = None):
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.extra_args = list(extra_args)
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-broker.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "BrokerProcess":
+        cmd = [sys.executable, "-m", "fluvial.broker.cli", "broker", "--data-dir", str(self.data_dir),
+               "--kafka-port", str(self.port), "--log-format", "text", *self.extra_args]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        ready = threading.Event()
+
+        def watch():
+            for line in self.proc.stdout:
+                try:
+                    if json.loads(line).get("event") == "ready":
+                        ready.set()
+                except ValueError:
+                    pass
+
+        threading.Thread(target=watch, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not ready.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"broker did not start (exit {self.proc.poll()}):\n{self.log_tail()}")
+        return self
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None:
+            return 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.proc = None
+        return code
+
+    def kill9(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+    def restart(self) -> "BrokerProcess":
+        self.stop()
+        return self.start()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
