@@ -1,0 +1,522 @@
+"""Columnar Avro binary decoding and encoding: a whole batch of values per NumPy/Arrow call.
+
+The decoder walks the writer schema once per batch (not once per record): every read
+step works on the cursor positions of all records at once. Arrays and maps advance one
+item position per step across all records still holding items. The encoder builds one
+binary column per schema node and joins them row-wise in Arrow (`binary_join_element_wise`).
+
+Only the canonical binary encoding is accepted (minimal varints, arrays and maps in one
+block, booleans 0/1, minimal two's-complement decimals): it is what every Avro writer
+produces, and it is what makes re-encoding byte-identical to what was produced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fluvial.schema.arrow_mapping import avro_type_to_arrow
+from fluvial.schema.avro_schema import AvroNode
+
+_PAD = 16
+_K10 = np.arange(10, dtype=np.int64)
+_SHIFT10 = (np.arange(10, dtype=np.uint64) * np.uint64(7))
+_EMPTY = pa.scalar(b"", pa.binary())
+
+
+# ---------------------------------------------------------------- decoding
+
+@dataclass
+class DecodeErrors:
+    """The first problem of each record of a batch (-1 = none), by index into `messages`."""
+
+    first: np.ndarray
+    messages: list[str] = field(default_factory=list)
+
+    def add(self, rows: np.ndarray, message: str) -> None:
+        rows = rows[self.first[rows] < 0]
+        if rows.size:
+            self.messages.append(message)
+            self.first[rows] = len(self.messages) - 1
+
+    def by_record(self) -> list[tuple[int, str]]:
+        bad = np.flatnonzero(self.first >= 0)
+        return [(int(i), self.messages[self.first[i]]) for i in bad]
+
+
+class _Cursor:
+    """Read positions of a set of records inside one shared data buffer."""
+
+    __slots__ = ("data", "pos", "end", "rows", "errors")
+
+    def __init__(self, data: np.ndarray, pos: np.ndarray, end: np.ndarray, rows: np.ndarray, errors: DecodeErrors):
+        self.data, self.pos, self.end, self.rows, self.errors = data, pos, end, rows, errors
+
+    def __len__(self) -> int:
+        return self.pos.size
+
+    def sub(self, mask: np.ndarray) -> "_Cursor":
+        return _Cursor(self.data, self.pos[mask], self.end[mask], self.rows[mask], self.errors)
+
+    def merge(self, sub: "_Cursor", mask: np.ndarray) -> None:
+        self.pos[mask] = sub.pos
+
+    def fail(self, mask: np.ndarray, message: str) -> None:
+        """Record a problem for these records and park their cursor at their end, so later
+        reads stay inside the buffer and yield empty values."""
+        if mask.any():
+            self.errors.add(self.rows[mask], message)
+            self.pos[mask] = self.end[mask]
+
+    def take(self, size: int, path: str, what: str) -> np.ndarray:
+        """Claim `size` bytes for every record; returns the start positions."""
+        short = self.pos + size > self.end
+        self.fail(short, f"field {path!r}: value ends before its {what} ({size} bytes)")
+        start = self.pos.copy()
+        start[short] = 0  # in bounds; the record is already refused
+        self.pos[~short] += size
+        return start
+
+    def read_long(self, path: str, what: str = "long") -> np.ndarray:
+        p = self.pos
+        n = p.size
+        if n == 0:
+            return np.zeros(0, np.int64)
+        b0 = self.data[p]
+        if not (b0 & 0x80).any():
+            ln = np.ones(n, np.int64)
+            zz = b0.astype(np.uint64)
+        else:
+            m = self.data[p[:, None] + _K10]
+            stop = (m & 0x80) == 0
+            ok = stop.any(axis=1)
+            ln = stop.argmax(axis=1).astype(np.int64) + 1
+            ln[~ok] = 1
+            self.fail(~ok, f"field {path!r}: malformed varint ({what})")
+            keep = _K10[None, :] < ln[:, None]
+            zz = (np.where(keep, (m & 0x7F).astype(np.uint64), np.uint64(0)) << _SHIFT10).sum(axis=1, dtype=np.uint64)
+            last = m[np.arange(n), ln - 1]
+            self.fail((ln > 1) & (last == 0), f"field {path!r}: non-canonical varint ({what})")
+        over = p + ln > self.end
+        self.fail(over, f"field {path!r}: value ends inside a varint ({what})")
+        self.pos[~over] += ln[~over]
+        v = (zz >> np.uint64(1)).astype(np.int64) ^ -(zz & np.uint64(1)).astype(np.int64)
+        v[over] = 0
+        return v
+
+    def read_int(self, path: str, what: str = "int") -> np.ndarray:
+        v = self.read_long(path, what)
+        bad = (v < -(2 ** 31)) | (v >= 2 ** 31)
+        self.fail(bad, f"field {path!r}: {what} out of 32-bit range")
+        v[bad] = 0
+        return v.astype(np.int32)
+
+    def gather(self, start: np.ndarray, size: int) -> np.ndarray:
+        return self.data[start[:, None] + np.arange(size)]
+
+    def read_blobs(self, path: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """Length-prefixed bytes: returns (Arrow offsets int32, data uint8)."""
+        ln = self.read_long(path, f"{what} length")
+        bad = (ln < 0) | (self.pos + ln > self.end)
+        self.fail(bad, f"field {path!r}: {what} length {'is negative' if (ln[bad] < 0).any() else 'runs past the end of the value'}")
+        ln[bad] = 0
+        start = self.pos.copy()
+        self.pos += ln
+        offsets = np.zeros(ln.size + 1, np.int64)
+        np.cumsum(ln, out=offsets[1:])
+        total = int(offsets[-1])
+        if total:
+            idx = np.arange(total, dtype=np.int64) + np.repeat(start - offsets[:-1], ln)
+            body = self.data[idx]
+        else:
+            body = np.zeros(0, np.uint8)
+        if total >= 2 ** 31:
+            raise OverflowError("batch values exceed 2 GiB")
+        return offsets.astype(np.int32), body
+
+
+def decode_avro(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.ndarray,
+                rows: np.ndarray, errors: DecodeErrors) -> pa.Array:
+    """Decode one Avro value per record at [pos, end) of `data` (padded by 16 bytes).
+
+    Records with problems get a message in `errors` (and a placeholder value); records
+    whose value does not fill exactly [pos, end) are refused as well.
+    """
+    cur = _Cursor(data, pos.astype(np.int64), end.astype(np.int64), rows, errors)
+    arr = _decode(node, cur, "")
+    left = cur.end - cur.pos
+    cur.fail(left > 0, "value has bytes left over after the record: it does not match its writer schema")
+    return arr
+
+
+def pad(buffer: np.ndarray) -> np.ndarray:
+    """The data buffer with room for whole-varint reads past its end."""
+    return np.concatenate([buffer, np.zeros(_PAD, np.uint8)])
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _binary_from(offsets: np.ndarray, body: np.ndarray, typ: pa.DataType = pa.binary()) -> pa.Array:
+    n = offsets.size - 1
+    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(offsets), pa.py_buffer(body)])
+
+
+def _decode(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
+    n = len(cur)
+    k, lg = node.kind, node.logical
+    if k == "union":
+        return _decode_union(node, cur, path)
+    if lg == "decimal":
+        return _decode_decimal(node, cur, path)
+    if k == "null":
+        return pa.nulls(n)
+    if k == "boolean":
+        start = cur.take(1, path, "boolean")
+        b = cur.data[start]
+        cur.fail(b > 1, f"field {path!r}: boolean byte is neither 0 nor 1")
+        return pa.array(b == 1, pa.bool_())
+    if k == "int":
+        v = cur.read_int(path)
+        typ = {"date": pa.date32(), "time-millis": pa.time32("ms")}.get(lg, pa.int32())
+        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(v)])
+    if k == "long":
+        v = cur.read_long(path)
+        typ = avro_type_to_arrow(node) if lg else pa.int64()
+        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(v)])
+    if k in ("float", "double"):
+        size = 4 if k == "float" else 8
+        start = cur.take(size, path, k)
+        raw = np.ascontiguousarray(cur.gather(start, size))
+        return pa.Array.from_buffers(pa.float32() if size == 4 else pa.float64(), n, [None, pa.py_buffer(raw)])
+    if k in ("bytes", "string"):
+        offsets, body = cur.read_blobs(path, k)
+        if k == "bytes":
+            return _binary_from(offsets, body)
+        arr = _binary_from(offsets, body, pa.string())
+        try:
+            arr.validate(full=True)
+        except pa.ArrowInvalid:
+            _fail_bad_utf8(cur, offsets, body, path)
+            arr = _binary_from(np.zeros(n + 1, np.int32), np.zeros(0, np.uint8), pa.string())
+        return arr
+    if k == "fixed":
+        start = cur.take(node.size, path, f"fixed({node.size})")
+        raw = np.ascontiguousarray(cur.gather(start, node.size))
+        return pa.Array.from_buffers(pa.binary(node.size), n, [None, pa.py_buffer(raw)])
+    if k == "enum":
+        idx = cur.read_int(path, "enum index")
+        bad = (idx < 0) | (idx >= len(node.symbols))
+        cur.fail(bad, f"field {path!r}: enum index out of range for {len(node.symbols)} symbols")
+        idx[bad] = 0
+        return pa.array(node.symbols, pa.string()).take(pa.array(idx))
+    if k == "record":
+        children = [_decode(f.type, cur, _join(path, f.name)) for f in node.fields]
+        typ = avro_type_to_arrow(node)
+        return pa.StructArray.from_arrays(children, fields=list(typ)) if children else pa.array([{}] * n, typ)
+    if k in ("array", "map"):
+        return _decode_repeated(node, cur, path)
+    raise TypeError(f"field {path!r}: Avro type {k!r} cannot be decoded into a column")
+
+
+def _fail_bad_utf8(cur: _Cursor, offsets: np.ndarray, body: np.ndarray, path: str) -> None:
+    # Error path only: find which records hold the invalid text.
+    raw = body.tobytes()
+    bad = np.zeros(offsets.size - 1, bool)
+    for i in range(offsets.size - 1):
+        try:
+            raw[offsets[i]:offsets[i + 1]].decode("utf-8")
+        except UnicodeDecodeError:
+            bad[i] = True
+    cur.fail(bad, f"field {path!r}: string is not valid UTF-8")
+
+
+def _decode_union(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
+    idx = cur.read_long(path, "union branch")
+    bad = (idx < 0) | (idx >= len(node.branches))
+    cur.fail(bad, f"field {path!r}: union branch {idx[bad][0] if bad.any() else 0} does not exist")
+    if len(node.branches) == 1:
+        return _decode(node.branches[0], cur, path)
+    inner = node.nullable_value()
+    if inner is None:
+        raise TypeError(f"field {path!r}: only [null, T] unions have a column type")
+    nb = node.null_branch
+    is_null = (idx == nb) | bad
+    present = ~is_null
+    sub = cur.sub(present)
+    child = _decode(inner, sub, path)
+    cur.merge(sub, present)
+    if not is_null.any():
+        return child
+    take = np.cumsum(present) - 1
+    take[is_null] = 0
+    return child.take(pa.array(take, mask=is_null))
+
+
+def _decode_repeated(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
+    what = "array" if node.kind == "array" else "map"
+    count = cur.read_long(path, f"{what} block count")
+    bad = count < 0
+    cur.fail(bad, f"field {path!r}: {what} written in sized blocks (not the canonical encoding)")
+    count[bad] = 0
+    too_many = count > (cur.end - cur.pos)
+    cur.fail(too_many, f"field {path!r}: {what} item count exceeds the value's size")
+    count[too_many] = 0
+    offsets = np.zeros(count.size + 1, np.int64)
+    np.cumsum(count, out=offsets[1:])
+    keys_parts: list[pa.Array] = []
+    item_parts: list[pa.Array] = []
+    slots: list[np.ndarray] = []
+    item_node = node.items if node.kind == "array" else node.values
+    item_path = f"{path}[]"
+    for j in range(int(count.max()) if count.size else 0):
+        active = count > j
+        sub = cur.sub(active)
+        if node.kind == "map":
+            k_off, k_body = sub.read_blobs(item_path, "map key")
+            keys_parts.append(_binary_from(k_off, k_body, pa.string()))
+        item_parts.append(_decode(item_node, sub, item_path))
+        cur.merge(sub, active)
+        slots.append(offsets[:-1][active] + j)
+    ended = count > 0
+    if ended.any():
+        sub = cur.sub(ended)
+        tail = sub.read_long(path, f"{what} end")
+        sub.fail(tail != 0, f"field {path!r}: {what} written in several blocks (not the canonical encoding)")
+        cur.merge(sub, ended)
+    typ = avro_type_to_arrow(node)
+    item_type = typ.item_type if node.kind == "map" else typ.value_type
+    if item_parts:
+        perm = np.empty(int(offsets[-1]), np.int64)
+        perm[np.concatenate(slots)] = np.arange(perm.size)
+        perm_arr = pa.array(perm)
+        items = pa.concat_arrays(item_parts).take(perm_arr)
+    else:
+        items = pa.array([], item_type)
+    off = pa.array(offsets.astype(np.int32))
+    if node.kind == "array":
+        return pa.ListArray.from_arrays(off, items.cast(item_type) if items.type != item_type else items, type=typ)
+    keys = pa.concat_arrays(keys_parts).take(perm_arr) if keys_parts else pa.array([], pa.string())
+    try:
+        keys.validate(full=True)
+    except pa.ArrowInvalid:
+        cur.fail(np.ones(len(cur), bool), f"field {path!r}: map key is not valid UTF-8")
+        keys = pa.array([""] * len(keys), pa.string())
+    return pa.MapArray.from_arrays(off, keys, items, type=typ)
+
+
+def _decode_decimal(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
+    n = len(cur)
+    width = 16 if node.precision <= 38 else 32
+    if node.kind == "fixed":
+        size = node.size
+        start = cur.take(size, path, f"decimal fixed({size})")
+        ln = np.full(n, size, np.int64)
+        if size > width:
+            raise TypeError(f"field {path!r}: decimal fixed({size}) is wider than {width} bytes")
+    else:
+        ln = cur.read_long(path, "decimal length")
+        bad = (ln < 1) | (ln > width) | (cur.pos + ln > cur.end)
+        cur.fail(bad, f"field {path!r}: decimal of {width * 8} bits has a bad byte length")
+        ln[bad] = 1
+        start = cur.pos.copy()
+        start[bad] = 0
+        cur.pos[~bad] += ln[~bad]
+    # Big-endian two's complement of variable length -> little-endian fixed width.
+    k = np.arange(width)
+    src = start[:, None] + ln[:, None] - 1 - k[None, :]
+    inside = k[None, :] < ln[:, None]
+    raw = cur.data[np.where(inside, src, start[:, None])]
+    sign = np.where(cur.data[start] >= 0x80, np.uint8(0xFF), np.uint8(0))
+    le = np.where(inside, raw, sign[:, None]).astype(np.uint8)
+    if node.kind == "bytes":
+        first = cur.data[start]
+        second = cur.data[np.minimum(start + 1, cur.data.size - 1)]
+        loose = (ln > 1) & (((first == 0) & (second < 0x80)) | ((first == 0xFF) & (second >= 0x80)))
+        cur.fail(loose, f"field {path!r}: decimal bytes are not minimal (not the canonical encoding)")
+    typ = pa.decimal128(node.precision, node.scale) if width == 16 else pa.decimal256(node.precision, node.scale)
+    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(np.ascontiguousarray(le))])
+
+
+# ---------------------------------------------------------------- encoding
+
+def encode_varints(v: np.ndarray) -> pa.Array:
+    """Zigzag varints of int64 values, one binary value per element."""
+    v = v.astype(np.int64, copy=False)
+    zz = ((v << 1) ^ (v >> 63)).view(np.uint64)
+    n = zz.size
+    if n == 0 or zz.max() < 128:
+        return _binary_from(np.arange(n + 1, dtype=np.int32), zz.astype(np.uint8))
+    ln = np.ones(n, np.int64)
+    for k in range(1, 10):
+        ln += zz >= (np.uint64(1) << np.uint64(7 * k))
+    m = ((zz[:, None] >> _SHIFT10[None, :]) & np.uint64(0x7F)).astype(np.uint8)
+    m |= np.where(_K10[None, :] < (ln[:, None] - 1), np.uint8(0x80), np.uint8(0))
+    body = m[_K10[None, :] < ln[:, None]]
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(ln, out=offsets[1:])
+    return _binary_from(offsets, body)
+
+
+def _fixed_width(arr: pa.Array, dtype: str) -> np.ndarray:
+    """The values buffer of a primitive array as NumPy, ignoring validity (nulls hold any value)."""
+    buf = arr.buffers()[1]
+    width = np.dtype(dtype).itemsize
+    return np.frombuffer(buf, dtype=dtype, count=len(arr), offset=arr.offset * width)
+
+
+def _fixed_bytes(values: np.ndarray, width: int) -> pa.Array:
+    raw = np.ascontiguousarray(values).view(np.uint8)
+    n = raw.size // width
+    return _binary_from(np.arange(0, (n + 1) * width, width, dtype=np.int32), raw)
+
+
+def _join_rows(parts: list[pa.Array], n: int) -> pa.Array:
+    if not parts:
+        return pa.array([b""] * n, pa.binary())
+    if len(parts) == 1:
+        return parts[0]
+    return pc.binary_join_element_wise(*parts, _EMPTY)
+
+
+def encode_avro(node: AvroNode, arr: pa.Array) -> pa.Array:
+    """Encode one Avro value per element of `arr` (a column of the table), as binary.
+
+    `arr` may hold a wider type than the writer's (long for int, double for float, ...):
+    values narrow back, as they were widened from this writer's values.
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    k, lg = node.kind, node.logical
+    if k == "union":
+        inner = node.nullable_value()
+        if inner is None:
+            return encode_avro(node.branches[0], arr) if len(node.branches) == 1 else _unsupported(node)
+        nb = node.null_branch
+        is_null = arr.is_null().to_numpy(zero_copy_only=False)
+        branch = np.where(is_null, nb, 1 - nb).astype(np.uint8) * 2  # zigzag of 0 and 1
+        head = _binary_from(np.arange(n + 1, dtype=np.int32), branch)
+        if is_null.all():
+            return head
+        body = encode_avro(inner, arr)
+        if is_null.any():
+            body = pc.if_else(pa.array(is_null), _EMPTY, body)
+        return pc.binary_join_element_wise(head, body, _EMPTY)
+    if lg == "decimal":
+        return _encode_decimal(node, arr)
+    if k == "null":
+        return pa.array([b""] * n, pa.binary())
+    if k == "boolean":
+        b = arr.cast(pa.bool_()).fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint8)
+        return _binary_from(np.arange(n + 1, dtype=np.int32), b)
+    if k in ("int", "long"):
+        return encode_varints(_as_int64(arr))
+    if k in ("float", "double"):
+        dt = "<f4" if k == "float" else "<f8"
+        if pa.types.is_floating(arr.type) and arr.type.bit_width == np.dtype(dt).itemsize * 8:
+            vals = _fixed_width(arr, dt)
+        else:
+            vals = arr.cast(pa.float64()).fill_null(0).to_numpy(zero_copy_only=False).astype(dt)
+        return _fixed_bytes(vals, np.dtype(dt).itemsize)
+    if k in ("bytes", "string"):
+        b = arr if pa.types.is_binary(arr.type) else arr.cast(pa.binary())
+        lengths = pc.binary_length(b).fill_null(0).to_numpy(zero_copy_only=False)
+        return pc.binary_join_element_wise(encode_varints(lengths), b.fill_null(b""), _EMPTY)
+    if k == "fixed":
+        return arr.fill_null(b"\0" * node.size).cast(pa.binary())
+    if k == "enum":
+        idx = pc.index_in(arr, value_set=pa.array(node.symbols, pa.string()))
+        if idx.null_count > arr.null_count:
+            raise ValueError(f"enum {node.name}: column holds a value that is not one of its symbols")
+        return encode_varints(idx.fill_null(0).to_numpy(zero_copy_only=False))
+    if k == "record":
+        if not pa.types.is_struct(arr.type):
+            raise TypeError(f"record {node.name}: column is {arr.type}, not a struct")
+        names = {arr.type.field(i).name: i for i in range(arr.type.num_fields)}
+        parts = []
+        for f in node.fields:
+            if f.name not in names:
+                raise KeyError(f"record {node.name}: no column for writer field {f.name!r}")
+            parts.append(encode_avro(f.type, _struct_child(arr, names[f.name])))
+        return _join_rows(parts, n)
+    if k in ("array", "map"):
+        return _encode_repeated(node, arr)
+    return _unsupported(node)
+
+
+def _unsupported(node: AvroNode) -> pa.Array:
+    raise TypeError(f"Avro type {node.kind!r} cannot be encoded from a column")
+
+
+def _as_int64(arr: pa.Array) -> np.ndarray:
+    t = arr.type
+    if pa.types.is_int64(t) or pa.types.is_timestamp(t) or pa.types.is_time64(t) or pa.types.is_date64(t):
+        return _fixed_width(arr, "<i8")
+    if pa.types.is_int32(t) or pa.types.is_date32(t) or pa.types.is_time32(t):
+        return _fixed_width(arr, "<i4").astype(np.int64)
+    return arr.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+
+
+def _struct_child(arr: pa.StructArray, i: int) -> pa.Array:
+    # `.field()` ignores the struct's slice offset; flatten-like slicing keeps rows aligned.
+    child = arr.field(i)
+    if arr.offset or len(child) != len(arr):
+        child = child.slice(arr.offset, len(arr))
+    return child
+
+
+def _encode_repeated(node: AvroNode, arr: pa.Array) -> pa.Array:
+    n = len(arr)
+    off = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = np.diff(off)
+    if arr.null_count:
+        counts[arr.is_null().to_numpy(zero_copy_only=False)] = 0
+    base, total = int(off[0]), int(off[-1] - off[0])
+    if node.kind == "array":
+        items = encode_avro(node.items, arr.values.slice(base, total))
+    else:
+        keys = arr.keys.slice(base, total)
+        vals = arr.items.slice(base, total)
+        items = pc.binary_join_element_wise(encode_avro(AvroNode(kind="string"), keys),
+                                            encode_avro(node.values, vals), _EMPTY)
+    rel = (off - base).astype(np.int32)
+    if arr.null_count:
+        rel = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        keep = np.repeat(~arr.is_null().to_numpy(zero_copy_only=False), np.diff(off))
+        items = items.filter(pa.array(keep))
+    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(rel), items), _EMPTY)
+    tail = _binary_from(np.arange(n + 1, dtype=np.int32), np.zeros(n, np.uint8))
+    has = counts > 0
+    if not has.all():
+        tail = pc.if_else(pa.array(has), tail, _EMPTY)
+    return pc.binary_join_element_wise(encode_varints(counts), joined, tail, _EMPTY)
+
+
+def _encode_decimal(node: AvroNode, arr: pa.Array) -> pa.Array:
+    width = 16 if node.precision <= 38 else 32
+    typ = pa.decimal128(node.precision, node.scale) if width == 16 else pa.decimal256(node.precision, node.scale)
+    if arr.type != typ:
+        arr = arr.cast(typ)
+    n = len(arr)
+    raw = np.frombuffer(arr.buffers()[1], np.uint8, count=n * width, offset=arr.offset * width).reshape(n, width)
+    be = raw[:, ::-1]
+    if node.kind == "fixed":
+        size = node.size
+        return _binary_from(np.arange(0, (n + 1) * size, size, dtype=np.int32), np.ascontiguousarray(be[:, width - size:]))
+    # Minimal two's complement: drop leading sign bytes while the next byte keeps the sign bit.
+    sign = np.where(be[:, 0] >= 0x80, np.uint8(0xFF), np.uint8(0))
+    lead = be == sign[:, None]
+    nonsign = np.where(lead.all(axis=1), width - 1, lead.argmin(axis=1))
+    first = be[np.arange(n), nonsign]
+    keep_sign = (first >= 0x80) != (sign == 0xFF)
+    start = nonsign - keep_sign.astype(np.int64)
+    start = np.maximum(start, 0)
+    ln = width - start
+    body = be[np.arange(width)[None, :] >= start[:, None]]
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(ln, out=offsets[1:])
+    return pc.binary_join_element_wise(encode_varints(ln), _binary_from(offsets, np.ascontiguousarray(body)), _EMPTY)
