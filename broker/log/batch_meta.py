@@ -1,0 +1,90 @@
+"""Batch-level Kafka metadata stored with every Arrow batch of a log tablet."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+# Kafka record batch v2 attribute bits.
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_LOG_APPEND_TIME = 0x08
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+ATTR_DELETE_HORIZON = 0x40
+
+_ENCODING_VERSION = "1"
+_FIELDS = (
+    "base_offset",
+    "last_offset_delta",
+    "record_count",
+    "base_timestamp",
+    "max_timestamp",
+    "producer_id",
+    "producer_epoch",
+    "base_sequence",
+    "attributes",
+    "partition_leader_epoch",
+    "schema_id",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMeta:
+    """What Kafka keeps in a record batch header, beside the rows themselves."""
+
+    base_offset: int
+    last_offset_delta: int
+    record_count: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
+    attributes: int = 0
+    partition_leader_epoch: int = 0
+    schema_id: int = -1
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+    @property
+    def compression_codec(self) -> int:
+        return self.attributes & ATTR_COMPRESSION_MASK
+
+    @property
+    def is_log_append_time(self) -> bool:
+        return bool(self.attributes & ATTR_LOG_APPEND_TIME)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & ATTR_TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+    def encode(self) -> bytes:
+        """ASCII form kept in the IPC message's custom metadata (readable by any Arrow tool)."""
+        values = (getattr(self, name) for name in _FIELDS)
+        return ";".join((_ENCODING_VERSION, *map(str, values))).encode("ascii")
+
+    @classmethod
+    def decode(cls, data: bytes) -> BatchMeta:
+        parts = data.split(b";")
+        if parts[0] != _ENCODING_VERSION.encode() or len(parts) < len(_FIELDS) + 1:
+            raise ValueError(f"unknown batch metadata encoding {bytes(data[:16])!r}")
+        # Later versions may append fields; the known prefix keeps its meaning.
+        return cls(*map(int, parts[1 : len(_FIELDS) + 1]))
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBatch:
+    """One Arrow batch as stored in the log, with its Kafka batch metadata."""
+
+    meta: BatchMeta
+    batch: pa.RecordBatch

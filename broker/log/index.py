@@ -1,0 +1,149 @@
+"""Sparse segment indexes: the offset index (offset -> file position) and the time index.
+
+An index file is a flat array of little-endian (int64 key, int64 value) pairs, appended as
+entries are added and mirrored in NumPy arrays so a lookup is one ``searchsorted``. Index
+files are derived data: recovery rebuilds them from the segment when they are missing or
+do not agree with it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+ENTRY_DTYPE = np.dtype([("key", "<i8"), ("value", "<i8")])
+
+
+class SparseIndex:
+    """Append-only sorted (key, value) pairs; readers see an immutable snapshot."""
+
+    def __init__(self, path: Path, entries: np.ndarray | None = None):
+        self.path = path
+        entries = np.empty(0, ENTRY_DTYPE) if entries is None else entries
+        capacity = max(64, len(entries) * 2)
+        self._keys = np.empty(capacity, np.int64)
+        self._values = np.empty(capacity, np.int64)
+        count = len(entries)
+        self._keys[:count] = entries["key"]
+        self._values[:count] = entries["value"]
+        # Swapped as one object so a reader on another thread never sees keys and count disagree.
+        self._snapshot = (self._keys, self._values, count)
+        self._fd: int | None = None
+
+    @staticmethod
+    def read_entries(path: Path) -> np.ndarray | None:
+        """The entries stored in ``path``; None when missing or not a whole number of entries."""
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(raw) % ENTRY_DTYPE.itemsize:
+            return None
+        return np.frombuffer(raw, ENTRY_DTYPE)
+
+    def write_all(self) -> None:
+        """Replace the file with the in-memory entries (after a rebuild)."""
+        keys, values, count = self._snapshot
+        entries = np.empty(count, ENTRY_DTYPE)
+        entries["key"] = keys[:count]
+        entries["value"] = values[:count]
+        self.close()
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        tmp.write_bytes(entries.tobytes())
+        os.replace(tmp, self.path)
+
+    def open_for_append(self) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def append(self, key: int, value: int) -> None:
+        keys, values, count = self._snapshot
+        if count == len(keys):
+            keys = np.concatenate([keys, np.empty(len(keys), np.int64)])
+            values = np.concatenate([values, np.empty(len(values), np.int64)])
+            self._keys, self._values = keys, values
+        keys[count] = key
+        values[count] = value
+        self._snapshot = (keys, values, count + 1)
+        if self._fd is not None:
+            os.write(self._fd, np.array([(key, value)], ENTRY_DTYPE).tobytes())
+
+    def __len__(self) -> int:
+        return self._snapshot[2]
+
+    def keys(self) -> np.ndarray:
+        keys, _, count = self._snapshot
+        return keys[:count]
+
+    def values(self) -> np.ndarray:
+        _, values, count = self._snapshot
+        return values[:count]
+
+    def last(self) -> tuple[int, int] | None:
+        keys, values, count = self._snapshot
+        return (int(keys[count - 1]), int(values[count - 1])) if count else None
+
+    def floor(self, key: int) -> tuple[int, int] | None:
+        """The entry with the largest key <= ``key``."""
+        keys, values, count = self._snapshot
+        i = int(np.searchsorted(keys[:count], key, side="right")) - 1
+        return (int(keys[i]), int(values[i])) if i >= 0 else None
+
+    def lower(self, key: int) -> tuple[int, int] | None:
+        """The entry with the largest key < ``key``."""
+        keys, values, count = self._snapshot
+        i = int(np.searchsorted(keys[:count], key, side="left")) - 1
+        return (int(keys[i]), int(values[i])) if i >= 0 else None
+
+    def first_at_least(self, key: int) -> int:
+        """Position of the first entry with key >= ``key`` (len when none)."""
+        keys, _, count = self._snapshot
+        return int(np.searchsorted(keys[:count], key, side="left"))
+
+    def entry(self, i: int) -> tuple[int, int]:
+        keys, values, _ = self._snapshot
+        return int(keys[i]), int(values[i])
+
+    def flush(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class OffsetIndex(SparseIndex):
+    """Batch base offset -> file position of the batch message, strictly increasing in both."""
+
+    def consistent_with(self, base_offset: int, first_position: int, file_size: int) -> bool:
+        keys, positions = self.keys(), self.values()
+        if not len(keys):
+            return True
+        return bool(
+            keys[0] >= base_offset
+            and positions[0] >= first_position
+            and positions[-1] < file_size
+            and np.all(np.diff(keys) > 0)
+            and np.all(np.diff(positions) > 0)
+        )
+
+
+class TimeIndex(SparseIndex):
+    """Largest timestamp so far in the segment -> base offset of the batch that ends that prefix.
+
+    Keys never decrease: an entry (t, o) says every record up to the end of the batch at
+    offset o has a timestamp <= t.
+    """
+
+    def consistent_with(self, base_offset: int) -> bool:
+        times, offsets = self.keys(), self.values()
+        if not len(times):
+            return True
+        return bool(
+            offsets[0] >= base_offset
+            and np.all(np.diff(times) >= 0)
+            and np.all(np.diff(offsets) > 0)
+        )

@@ -1,0 +1,300 @@
+"""One log segment: an Arrow IPC stream file with its offset and time indexes, and its recovery."""
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from fluvial.broker.log.batch_meta import BatchMeta
+from fluvial.broker.log.index import OffsetIndex, SparseIndex, TimeIndex
+from fluvial.broker.log.segment_format import (
+    BatchHeader,
+    EncodedBatch,
+    SegmentFormatError,
+    checksum_matches,
+    parse_batch_header,
+    read_batch,
+    read_schema_message,
+    schema_checksum,
+)
+
+DATA_SUFFIX = ".arrows"
+OFFSET_INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentState:
+    """What readers may see of a segment; replaced whole after each append."""
+
+    size: int  # bytes of whole batches; readers never look past it
+    next_offset: int
+    max_timestamp: int  # -1 while empty
+    first_max_timestamp: int  # max timestamp of the first batch: the basis of time-based rolls
+    batch_count: int
+
+
+class LogSegment:
+    """An Arrow IPC stream of batches starting at ``base_offset``, plus its sparse indexes."""
+
+    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int):
+        name = segment_name(base_offset)
+        self.base_offset = base_offset
+        self.data_path = directory / (name + DATA_SUFFIX)
+        self.offset_index = OffsetIndex(directory / (name + OFFSET_INDEX_SUFFIX))
+        self.time_index = TimeIndex(directory / (name + TIME_INDEX_SUFFIX))
+        self.state = SegmentState(0, base_offset, -1, -1, 0)
+        self.schema: pa.Schema | None = None
+        self.schema_message = b""
+        self.schema_crc = 0
+        self._index_interval = index_interval_bytes
+        self._bytes_since_index = 0
+        self._fd: int | None = None
+        self._fd_lock = threading.Lock()
+        self._map: pa.Buffer | None = None
+        self._map_lock = threading.Lock()
+        self.deleted = False
+
+    # -- creation and loading -------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> LogSegment:
+        segment = cls(directory, base_offset, index_interval_bytes)
+        for index in (segment.offset_index, segment.time_index):
+            index.path.unlink(missing_ok=True)
+            index.open_for_append()
+        segment._fd = os.open(segment.data_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        return segment
+
+    @classmethod
+    def load(
+        cls, directory: Path, base_offset: int, index_interval_bytes: int, *, recover: bool
+    ) -> LogSegment | None:
+        """Open an existing segment; None when it holds no whole batch (the caller removes it).
+
+        With ``recover`` every batch is checked (checksum, contiguous offsets), the file is
+        cut after the last good batch and the indexes are rebuilt. Without it the indexes are
+        trusted when they agree with the file, and only the batches after the last index
+        entry are walked; any disagreement falls back to recovery.
+        """
+        segment = cls(directory, base_offset, index_interval_bytes)
+        if not segment._load_schema():
+            return None
+        if recover or not segment._load_with_indexes():
+            segment.recover()
+        if segment.state.batch_count == 0:
+            return None
+        return segment
+
+    def _load_schema(self) -> bool:
+        size = self.data_path.stat().st_size
+        if size == 0:
+            return False
+        view = memoryview(self._mapped(size))
+        try:
+            length, self.schema = read_schema_message(view, size)
+        except SegmentFormatError:
+            return False
+        self.schema_message = bytes(view[:length])
+        self.schema_crc = schema_checksum(self.schema_message)
+        self.state = SegmentState(length, self.base_offset, -1, -1, 0)
+        return True
+
+    def _load_with_indexes(self) -> bool:
+        size = self.data_path.stat().st_size
+        offsets = SparseIndex.read_entries(self.offset_index.path)
+        times = SparseIndex.read_entries(self.time_index.path)
+        if offsets is None or times is None:
+            return False
+        self.offset_index = OffsetIndex(self.offset_index.path, offsets)
+        self.time_index = TimeIndex(self.time_index.path, times)
+        first = len(self.schema_message)
+        if not (
+            self.offset_index.consistent_with(self.base_offset, first, size)
+            and self.time_index.consistent_with(self.base_offset)
+        ):
+            return False
+        view = memoryview(self._mapped(size))
+        try:
+            first_header = parse_batch_header(view, first, size)
+            last_entry = self.offset_index.last()
+            start, expected = (last_entry[1], last_entry[0]) if last_entry else (first, self.base_offset)
+            max_timestamp = self.time_index.last()[0] if len(self.time_index) else -1
+            position, count = start, 0
+            while position < size:
+                header = parse_batch_header(view, position, size)
+                if header.meta.base_offset != expected:
+                    return False
+                expected = header.meta.next_offset
+                max_timestamp = max(max_timestamp, header.meta.max_timestamp)
+                position = header.end
+                count += 1
+        except SegmentFormatError:
+            return False
+        if first_header.meta.base_offset != self.base_offset or count == 0:
+            return False
+        self._bytes_since_index = size - start
+        self.state = SegmentState(
+            size, expected, max_timestamp, first_header.meta.max_timestamp,
+            batch_count=len(self.offset_index) + count,  # a lower bound is all anyone needs
+        )
+        return True
+
+    def recover(self) -> None:
+        """Check every batch, cut the file after the last good one and rebuild the indexes."""
+        size = self.data_path.stat().st_size
+        view = memoryview(self._mapped(size))
+        self.offset_index = OffsetIndex(self.offset_index.path)
+        self.time_index = TimeIndex(self.time_index.path)
+        self._bytes_since_index = 0
+        position = len(self.schema_message)
+        self.state = SegmentState(position, self.base_offset, -1, -1, 0)
+        while position < size:
+            try:
+                header = parse_batch_header(view, position, size)
+            except SegmentFormatError:
+                break
+            if header.meta.base_offset != self.state.next_offset or header.meta.record_count < 0:
+                break
+            if not checksum_matches(view, header, self.schema_crc):
+                break
+            self._add_batch(header)
+            position = header.end
+        del view
+        if position < size:
+            self._map = None
+            with open(self.data_path, "r+b") as f:
+                f.truncate(position)
+                os.fsync(f.fileno())
+        self.offset_index.write_all()
+        self.time_index.write_all()
+
+    def _add_batch(self, header: BatchHeader) -> None:
+        """Account for a batch now in the file: index entries when due, then the visible state."""
+        meta = header.meta
+        state = self.state
+        max_timestamp = max(state.max_timestamp, meta.max_timestamp)
+        if state.batch_count == 0 or self._bytes_since_index >= self._index_interval:
+            self.offset_index.append(meta.base_offset, header.position)
+            self.time_index.append(max_timestamp, meta.base_offset)
+            self._bytes_since_index = 0
+        self._bytes_since_index += header.size
+        first_max = meta.max_timestamp if state.batch_count == 0 else state.first_max_timestamp
+        self.state = SegmentState(header.end, meta.next_offset, max_timestamp, first_max, state.batch_count + 1)
+
+    def open_for_append(self) -> None:
+        self.offset_index.open_for_append()
+        self.time_index.open_for_append()
+        if self._fd is None:
+            self._fd = os.open(self.data_path, os.O_WRONLY)
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def accepts_schema(self, schema_message: bytes) -> bool:
+        return self.state.batch_count == 0 or schema_message == self.schema_message
+
+    def append(self, encoded: EncodedBatch, meta: BatchMeta) -> None:
+        assert self._fd is not None, "append to a segment that is not open for writing"
+        position = self.state.size
+        parts: list = [encoded.header, encoded.body]
+        if self.state.batch_count == 0:
+            self.schema_message = encoded.schema_message
+            self.schema_crc = schema_checksum(encoded.schema_message)
+            self.schema = None  # parsed on first read
+            parts.insert(0, encoded.schema_message)
+            position = 0
+        start = position
+        total = sum(memoryview(p).nbytes for p in parts)
+        written = os.pwritev(self._fd, parts, position)
+        if written < total:  # a short write happens only for huge batches; finish it plainly
+            rest = b"".join(bytes(memoryview(p)) for p in parts)[written:]
+            while rest:
+                n = os.pwrite(self._fd, rest, position + written)
+                written += n
+                rest = rest[n:]
+        batch_position = start + (len(encoded.schema_message) if start == 0 else 0)
+        header = BatchHeader(batch_position, len(encoded.header), encoded.body.size, meta, 0, 0)
+        self._add_batch(header)
+
+    def flush(self) -> None:
+        """Force the segment's data and indexes to disk."""
+        with self._fd_lock:
+            if self._fd is not None:
+                os.fdatasync(self._fd)
+            elif not self.deleted:
+                try:
+                    fd = os.open(self.data_path, os.O_RDONLY)
+                except FileNotFoundError:
+                    return
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    def close_for_append(self) -> None:
+        with self._fd_lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+        self.offset_index.close()
+        self.time_index.close()
+
+    def delete(self) -> None:
+        self.close_for_append()
+        self.deleted = True
+        for path in (self.data_path, self.offset_index.path, self.time_index.path):
+            path.unlink(missing_ok=True)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _mapped(self, size: int) -> pa.Buffer:
+        """A memory map of at least ``size`` bytes, re-mapped when the file has grown."""
+        data = self._map
+        if data is None or data.size < size:
+            with self._map_lock:
+                data = self._map
+                if data is None or data.size < size:
+                    mapped = pa.memory_map(str(self.data_path), "r")
+                    # Buffers handed out keep the mapping alive after the file object closes.
+                    data = mapped.read_buffer()
+                    mapped.close()
+                    self._map = data
+        return data
+
+    def read_schema(self) -> pa.Schema:
+        if self.schema is None:
+            _, self.schema = read_schema_message(memoryview(self.schema_message), len(self.schema_message))
+        return self.schema
+
+    def headers_from(self, position: int, state: SegmentState) -> Iterator[BatchHeader]:
+        """Headers of the batches from ``position`` to the end visible in ``state``."""
+        view = memoryview(self._mapped(state.size))
+        while position < state.size:
+            header = parse_batch_header(view, position, state.size)
+            yield header
+            position = header.end
+
+    def position_for_offset(self, offset: int) -> int:
+        """File position of an indexed batch at or before the one holding ``offset``."""
+        entry = self.offset_index.floor(offset)
+        return entry[1] if entry else len(self.schema_message)
+
+    def position_before_timestamp(self, timestamp: int) -> int:
+        """File position from which to look for the first record with a timestamp >= ``timestamp``."""
+        entry = self.time_index.lower(timestamp)
+        if entry is None:
+            return len(self.schema_message)
+        return self.position_for_offset(entry[1])
+
+    def read_batch(self, header: BatchHeader, state: SegmentState) -> pa.RecordBatch:
+        return read_batch(self._mapped(state.size), header, self.read_schema())

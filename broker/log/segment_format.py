@@ -1,0 +1,240 @@
+"""The segment file format: an Arrow IPC stream whose batch messages carry BatchMeta and a CRC-32C.
+
+A segment is a plain Arrow IPC stream (schema message, then one record-batch message per
+append), readable by ``pyarrow.ipc.open_stream``. Each record-batch message keeps two
+entries in the custom metadata of its flatbuffer header: ``fluvial.batch`` (the encoded
+BatchMeta) and ``fluvial.crc32c``. The checksum covers the segment's schema message, the
+whole batch header (with the checksum text zeroed) and the body, so a torn or corrupt batch
+is found from the segment file alone.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import crc32c
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from fluvial.broker.log.batch_meta import BatchMeta
+
+META_KEY = b"fluvial.batch"
+CRC_KEY = b"fluvial.crc32c"
+_CRC_PLACEHOLDER = b"00000000"
+_CONTINUATION = 0xFFFFFFFF
+_PREFIX = struct.Struct("<Ii")
+_U8 = struct.Struct("<B")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_I64 = struct.Struct("<q")
+
+# Message.header_type values of the Arrow IPC flatbuffer schema.
+_HEADER_SCHEMA = 1
+_HEADER_RECORD_BATCH = 3
+# Field ids of the Message table.
+_MSG_HEADER_TYPE = 1
+_MSG_BODY_LENGTH = 3
+_MSG_CUSTOM_METADATA = 4
+
+_WRITE_OPTIONS = ipc.IpcWriteOptions(use_threads=False)
+
+
+class SegmentFormatError(Exception):
+    """Bytes that are not a whole, valid batch message (torn write or corruption)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """Where one batch message lies in a segment, and what its header says."""
+
+    position: int
+    header_length: int  # the 8-byte prefix plus the flatbuffer metadata
+    body_length: int
+    meta: BatchMeta
+    crc: int
+    crc_at: int  # where the checksum text starts, relative to position
+
+    @property
+    def size(self) -> int:
+        return self.header_length + self.body_length
+
+    @property
+    def end(self) -> int:
+        return self.position + self.header_length + self.body_length
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBatch:
+    """An append ready to write: the schema message (for a fresh segment) and the batch message."""
+
+    schema_message: bytes
+    header: bytes
+    body: pa.Buffer
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + self.body.size
+
+
+def encode_batch(batch: pa.RecordBatch, meta: BatchMeta) -> EncodedBatch:
+    """Serialize one batch as an IPC stream message with its BatchMeta and checksum."""
+    sink = pa.BufferOutputStream()
+    writer = ipc.new_stream(sink, batch.schema, options=_WRITE_OPTIONS)
+    writer.write_batch(batch, custom_metadata={META_KEY: meta.encode(), CRC_KEY: _CRC_PLACEHOLDER})
+    # The writer is not closed: closing would append the end-of-stream marker.
+    data = sink.getvalue()
+    view = memoryview(data)
+    schema_length = _message_length(view, 0)
+    schema_message = bytes(view[:schema_length])
+    parsed = parse_batch_header(view, schema_length, len(view))
+    header = bytearray(view[schema_length : schema_length + parsed.header_length])
+    body = data.slice(schema_length + parsed.header_length, parsed.body_length)
+    crc = crc32c.crc32c(header, schema_checksum(schema_message))
+    crc = crc32c.crc32c(body, crc)
+    header[parsed.crc_at : parsed.crc_at + 8] = b"%08x" % crc
+    return EncodedBatch(schema_message, bytes(header), body)
+
+
+def schema_checksum(schema_message: bytes) -> int:
+    return crc32c.crc32c(schema_message)
+
+
+def read_schema_message(view: memoryview, limit: int) -> tuple[int, pa.Schema]:
+    """The length and schema of the stream's first message; SegmentFormatError when it is not whole."""
+    length = _message_length(view, 0, limit)
+    meta = view[8:length]
+    if _field_u8(meta, _root(meta), _MSG_HEADER_TYPE) != _HEADER_SCHEMA:
+        raise SegmentFormatError("first message of a segment is not a schema")
+    try:
+        schema = ipc.read_schema(pa.py_buffer(bytes(view[:length])))
+    except (pa.ArrowException, ValueError) as exc:
+        raise SegmentFormatError(f"unreadable schema message: {exc}") from exc
+    return length, schema
+
+
+def parse_batch_header(view: memoryview, position: int, limit: int) -> BatchHeader:
+    """Decode the header of the batch message at ``position``; the body must end before ``limit``."""
+    if position + 8 > limit:
+        raise SegmentFormatError("truncated message prefix")
+    continuation, meta_length = _PREFIX.unpack_from(view, position)
+    if continuation != _CONTINUATION or meta_length <= 0 or meta_length % 8:
+        raise SegmentFormatError("bad message prefix")
+    header_length = 8 + meta_length
+    if position + header_length > limit:
+        raise SegmentFormatError("truncated message header")
+    start = position + 8
+    meta = view[start : start + meta_length]
+    try:
+        root = _root(meta)
+        if _field_u8(meta, root, _MSG_HEADER_TYPE) != _HEADER_RECORD_BATCH:
+            raise SegmentFormatError("message is not a record batch")
+        body_pos = _field(meta, root, _MSG_BODY_LENGTH)
+        body_length = _I64.unpack_from(meta, body_pos)[0] if body_pos is not None else 0
+        kv = _custom_metadata(meta, root)
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+        raise SegmentFormatError(f"unreadable message header: {exc}") from exc
+    if body_length < 0 or position + header_length + body_length > limit:
+        raise SegmentFormatError("truncated message body")
+    if META_KEY not in kv or CRC_KEY not in kv:
+        raise SegmentFormatError("batch message without fluvial metadata")
+    crc_start, crc_end = kv[CRC_KEY]
+    meta_start, meta_end = kv[META_KEY]
+    if crc_end - crc_start != 8:
+        raise SegmentFormatError("bad checksum field")
+    try:
+        crc = int(bytes(meta[crc_start:crc_end]), 16)
+        batch_meta = BatchMeta.decode(bytes(meta[meta_start:meta_end]))
+    except ValueError as exc:
+        raise SegmentFormatError(f"bad batch metadata: {exc}") from exc
+    return BatchHeader(position, header_length, body_length, batch_meta, crc, 8 + crc_start)
+
+
+def checksum_matches(view: memoryview, header: BatchHeader, schema_crc: int) -> bool:
+    start = header.position
+    head = bytearray(view[start : start + header.header_length])
+    head[header.crc_at : header.crc_at + 8] = _CRC_PLACEHOLDER
+    crc = crc32c.crc32c(head, schema_crc)
+    body_start = start + header.header_length
+    crc = crc32c.crc32c(view[body_start : body_start + header.body_length], crc)
+    return crc == header.crc
+
+
+def read_batch(data: pa.Buffer, header: BatchHeader, schema: pa.Schema) -> pa.RecordBatch:
+    """Zero-copy: the batch's column buffers are slices of ``data`` (a memory map)."""
+    message = ipc.read_message(data.slice(header.position, header.size))
+    return ipc.read_record_batch(message, schema)
+
+
+def _message_length(view: memoryview, position: int, limit: int | None = None) -> int:
+    """Length of a whole message (prefix, metadata, body) at ``position``."""
+    limit = len(view) if limit is None else limit
+    if position + 8 > limit:
+        raise SegmentFormatError("truncated message prefix")
+    continuation, meta_length = _PREFIX.unpack_from(view, position)
+    if continuation != _CONTINUATION or meta_length <= 0 or position + 8 + meta_length > limit:
+        raise SegmentFormatError("bad or truncated message")
+    meta = view[position + 8 : position + 8 + meta_length]
+    try:
+        body_pos = _field(meta, _root(meta), _MSG_BODY_LENGTH)
+        body_length = _I64.unpack_from(meta, body_pos)[0] if body_pos is not None else 0
+    except (struct.error, IndexError) as exc:
+        raise SegmentFormatError(f"unreadable message header: {exc}") from exc
+    end = position + 8 + meta_length + body_length
+    if body_length < 0 or end > limit:
+        raise SegmentFormatError("truncated message body")
+    return end - position
+
+
+# A few flatbuffer reads, enough for the Message table. Every read is bounds-checked by
+# struct against the metadata slice, so garbage raises instead of reading elsewhere.
+
+def _root(buf: memoryview) -> int:
+    return _U32.unpack_from(buf, 0)[0]
+
+
+def _field(buf: memoryview, table: int, field_id: int) -> int | None:
+    vtable = table - _I32.unpack_from(buf, table)[0]
+    vtable_length = _U16.unpack_from(buf, vtable)[0]
+    slot = 4 + 2 * field_id
+    if slot + 2 > vtable_length:
+        return None
+    offset = _U16.unpack_from(buf, vtable + slot)[0]
+    return table + offset if offset else None
+
+
+def _field_u8(buf: memoryview, table: int, field_id: int) -> int:
+    pos = _field(buf, table, field_id)
+    return _U8.unpack_from(buf, pos)[0] if pos is not None else 0
+
+
+def _deref(buf: memoryview, pos: int) -> int:
+    return pos + _U32.unpack_from(buf, pos)[0]
+
+
+def _string_span(buf: memoryview, table: int, field_id: int) -> tuple[int, int]:
+    pos = _field(buf, table, field_id)
+    if pos is None:
+        return 0, 0
+    string = _deref(buf, pos)
+    length = _U32.unpack_from(buf, string)[0]
+    if string + 4 + length > len(buf):
+        raise IndexError("string past the end of the header")
+    return string + 4, string + 4 + length
+
+
+def _custom_metadata(buf: memoryview, root: int) -> dict[bytes, tuple[int, int]]:
+    """Key -> (start, end) of its value within the header."""
+    pos = _field(buf, root, _MSG_CUSTOM_METADATA)
+    if pos is None:
+        return {}
+    vector = _deref(buf, pos)
+    count = _U32.unpack_from(buf, vector)[0]
+    if count > 64:
+        raise IndexError("implausible custom metadata length")
+    spans = {}
+    for i in range(count):
+        entry = _deref(buf, vector + 4 + 4 * i)
+        key_start, key_end = _string_span(buf, entry, 0)
+        spans[bytes(buf[key_start:key_end])] = _string_span(buf, entry, 1)
+    return spans

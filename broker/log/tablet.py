@@ -1,0 +1,522 @@
+"""The log tablet of one bucket: ordered segments, appends, reads, lookups, retention and flushing."""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fluvial.broker.log.batch_meta import ATTR_LOG_APPEND_TIME, BatchMeta, StoredBatch
+from fluvial.broker.log.checkpoint import OffsetCheckpoint, fsync_directory
+from fluvial.broker.log.config import FlushPolicy, LogConfig, TimestampType
+from fluvial.broker.log.leader_epoch import LeaderEpochCache
+from fluvial.broker.log.segment import DATA_SUFFIX, OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment
+from fluvial.broker.log.segment_format import SegmentFormatError, encode_batch
+from fluvial.errors import InvalidRecordError, InvalidRequestError, OffsetOutOfRangeError, StorageError
+
+OFFSET_FIELD = pa.field("_offset", pa.int64())
+TIMESTAMP_COLUMN = "_timestamp"
+LOG_START_CHECKPOINT = "log-start-offset.checkpoint"
+RECOVERY_POINT_CHECKPOINT = "recovery-point.checkpoint"
+LEADER_EPOCH_CHECKPOINT = "leader-epoch.checkpoint"
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """A segment as seen from outside the tablet (for tiering and tools)."""
+
+    base_offset: int
+    next_offset: int
+    size_bytes: int
+    max_timestamp: int
+    path: Path
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _SegmentList:
+    """An immutable snapshot of the segments; replaced whole on roll and deletion."""
+
+    segments: tuple[LogSegment, ...]
+    bases: tuple[int, ...]
+
+    @classmethod
+    def of(cls, segments: tuple[LogSegment, ...] | list[LogSegment]) -> _SegmentList:
+        segments = tuple(segments)
+        return cls(segments, tuple(s.base_offset for s in segments))
+
+    def index_of(self, offset: int) -> int:
+        return max(0, bisect.bisect_right(self.bases, offset) - 1)
+
+
+class LogTablet:
+    """One bucket's log. Appends come from one thread at a time; reads may run on any thread."""
+
+    def __init__(self, directory: Path, config: LogConfig):
+        self.directory = directory
+        self.config = config
+        self._write_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._view = _SegmentList.of(())
+        self._log_start = 0
+        self._empty_end = 0  # the log end offset while no segment exists
+        self._log_start_checkpoint = OffsetCheckpoint(directory / LOG_START_CHECKPOINT)
+        self._recovery_checkpoint = OffsetCheckpoint(directory / RECOVERY_POINT_CHECKPOINT)
+        self._flushed_offset = 0
+        self._last_flush_ms = _now_ms()
+        self._directory_dirty = False
+        self._closed = False
+        self._schema_cache: tuple[pa.Schema, pa.Schema] | None = None
+        self.leader_epochs: LeaderEpochCache
+
+    # -- opening and recovery -------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: Path, config: LogConfig) -> LogTablet:
+        """Load the bucket's segments, recovering any that may hold unflushed data."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tablet = cls(directory, config)
+        tablet._load()
+        return tablet
+
+    def _load(self) -> None:
+        for leftover in self.directory.glob("*.tmp"):
+            leftover.unlink()
+        self.leader_epochs = LeaderEpochCache(self.directory / LEADER_EPOCH_CHECKPOINT)
+        log_start = self._log_start_checkpoint.read(0)
+        recovery_point = self._recovery_checkpoint.read(0)
+        bases = sorted(int(p.stem) for p in self.directory.glob("*" + DATA_SUFFIX) if p.stem.isdigit())
+        self._remove_orphan_indexes(set(bases))
+        segments: list[LogSegment] = []
+        recovered: list[LogSegment] = []
+        expected: int | None = None
+        for i, base in enumerate(bases):
+            if expected is not None and base != expected:
+                # A gap after a cut segment: later data cannot be served in order.
+                self._remove_segment_files(base)
+                continue
+            next_base = bases[i + 1] if i + 1 < len(bases) else None
+            # Segments wholly below the recovery point were fsynced before it was written.
+            may_be_unflushed = next_base is not None and next_base > recovery_point
+            segment = LogSegment.load(
+                self.directory, base, self.config.index_interval_bytes, recover=may_be_unflushed
+            )
+            if segment is not None and next_base is None and segment.state.next_offset > recovery_point:
+                may_be_unflushed = True
+                segment.recover()
+            if segment is None or segment.state.batch_count == 0:
+                self._remove_segment_files(base)
+                expected = base
+                continue
+            if may_be_unflushed:
+                recovered.append(segment)
+            segments.append(segment)
+            expected = segment.state.next_offset
+        log_end = expected if expected is not None else log_start
+        if log_start > log_end:
+            # Data below a durable log start was lost (no fsync policy): nothing left to serve.
+            for segment in segments:
+                segment.delete()
+            segments = []
+            log_end = log_start
+        if segments:
+            log_start = max(log_start, segments[0].base_offset)
+            segments[-1].open_for_append()
+        self._log_start = log_start
+        self._empty_end = log_end
+        self._view = _SegmentList.of(segments)
+        self.leader_epochs.truncate_from_end(log_end)
+        # What was recovered becomes the durable baseline: later crashes rescan only newer data.
+        for segment in recovered:
+            segment.flush()
+        fsync_directory(self.directory)
+        self._flushed_offset = log_end
+        self._recovery_checkpoint.write(segments[-1].base_offset if segments else log_end)
+
+    def _remove_orphan_indexes(self, bases: set[int]) -> None:
+        for suffix in (OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            for path in self.directory.glob("*" + suffix):
+                if not path.stem.isdigit() or int(path.stem) not in bases:
+                    path.unlink()
+
+    def _remove_segment_files(self, base: int) -> None:
+        LogSegment(self.directory, base, self.config.index_interval_bytes).delete()
+
+    # -- offsets and sizes ----------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start
+
+    @property
+    def log_end_offset(self) -> int:
+        segments = self._view.segments
+        return segments[-1].state.next_offset if segments else self._empty_end
+
+    @property
+    def high_watermark(self) -> int:
+        # A single replica: everything appended is committed.
+        return self.log_end_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.state.size for s in self._view.segments)
+
+    def segment_infos(self) -> list[SegmentInfo]:
+        segments = self._view.segments
+        return [
+            SegmentInfo(s.base_offset, s.state.next_offset, s.state.size, s.state.max_timestamp,
+                        s.data_path, i == len(segments) - 1)
+            for i, s in enumerate(segments)
+        ]
+
+    # -- appending ------------------------------------------------------------------------
+
+    def append(self, records: pa.RecordBatch, meta: BatchMeta, *, now_ms: int | None = None) -> BatchMeta:
+        """Append one batch at the log end; returns ``meta`` with offsets and timestamps filled."""
+        count = records.num_rows
+        if count == 0:
+            raise InvalidRecordError("an appended batch must hold at least one record")
+        names = records.schema.names
+        if OFFSET_FIELD.name in names:
+            raise InvalidRecordError("_offset is assigned by the log, not given")
+        if TIMESTAMP_COLUMN not in names:
+            raise InvalidRecordError("an appended batch needs a _timestamp column")
+        if any(pa.types.is_dictionary(t) for t in records.schema.types):
+            raise InvalidRecordError("dictionary-encoded columns are not stored; decode them first")
+        with self._write_lock:
+            self._check_open()
+            base = self.log_end_offset
+            records, filled = self._stamp(records, meta, base, now_ms)
+            offsets = pa.array(np.arange(base, base + count, dtype=np.int64))
+            batch = pa.RecordBatch.from_arrays([offsets, *records.columns], schema=self._stored_schema(records.schema))
+            encoded = encode_batch(batch, filled)
+            view = self._view
+            active = view.segments[-1] if view.segments else None
+            if active is None or self._should_roll(active, encoded, filled):
+                if active is not None:
+                    active.close_for_append()
+                active = LogSegment.create(self.directory, base, self.config.index_interval_bytes)
+                self._directory_dirty = True
+                try:
+                    active.append(encoded, filled)
+                except OSError as exc:
+                    active.delete()
+                    raise StorageError(f"cannot write segment: {exc}") from exc
+                self._view = _SegmentList.of(view.segments + (active,))
+            else:
+                try:
+                    active.append(encoded, filled)
+                except OSError as exc:
+                    raise StorageError(f"cannot write segment: {exc}") from exc
+            latest = self.leader_epochs.latest_epoch
+            if filled.partition_leader_epoch >= 0 and (latest is None or filled.partition_leader_epoch > latest):
+                self.leader_epochs.assign(filled.partition_leader_epoch, base)
+            return filled
+
+    def _stamp(
+        self, records: pa.RecordBatch, meta: BatchMeta, base: int, now_ms: int | None
+    ) -> tuple[pa.RecordBatch, BatchMeta]:
+        """Fill the batch metadata from the rows; with LogAppendTime also rewrite the timestamps."""
+        count = records.num_rows
+        attributes = meta.attributes
+        if self.config.message_timestamp_type is TimestampType.LOG_APPEND_TIME:
+            now = _now_ms() if now_ms is None else now_ms
+            column = pa.array(np.full(count, now, dtype=np.int64)).cast(records.schema.field(TIMESTAMP_COLUMN).type)
+            records = records.set_column(records.schema.get_field_index(TIMESTAMP_COLUMN),
+                                         records.schema.field(TIMESTAMP_COLUMN), column)
+            base_timestamp = max_timestamp = now
+            attributes |= ATTR_LOG_APPEND_TIME
+        else:
+            timestamps = _as_int64(records.column(TIMESTAMP_COLUMN))
+            low, max_timestamp = (int(timestamps.min()), int(timestamps.max())) if len(timestamps) else (-1, -1)
+            base_timestamp = meta.base_timestamp if meta.base_timestamp >= 0 else int(timestamps[0])
+        filled = dataclasses.replace(
+            meta, base_offset=base, last_offset_delta=count - 1, record_count=count,
+            base_timestamp=base_timestamp, max_timestamp=max_timestamp, attributes=attributes,
+        )
+        return records, filled
+
+    def _stored_schema(self, schema: pa.Schema) -> pa.Schema:
+        cached = self._schema_cache
+        if cached is None or not (cached[0] is schema or cached[0].equals(schema, check_metadata=True)):
+            cached = self._schema_cache = (schema, schema.insert(0, OFFSET_FIELD))
+        return cached[1]
+
+    def _should_roll(self, active: LogSegment, encoded, meta: BatchMeta) -> bool:
+        state = active.state
+        if not active.accepts_schema(encoded.schema_message):
+            return True  # one schema per segment file keeps every segment a plain IPC stream
+        if state.size + encoded.size > self.config.segment_bytes:
+            return True
+        return meta.max_timestamp - state.first_max_timestamp > self.config.segment_ms
+
+    # -- reading --------------------------------------------------------------------------
+
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        columns: list[str] | None = None,
+        max_offset: int | None = None,
+    ) -> list[StoredBatch]:
+        """Whole batches from the one holding ``offset``, up to ``max_bytes`` (at least one).
+
+        ``columns`` projects: the segments are memory-mapped and batches read zero-copy, so
+        buffers of columns not asked for are never touched. Batches starting at or after
+        ``max_offset`` are not returned. Sizes count the (projected) column buffers.
+        """
+        view = self._view
+        log_start = self._log_start
+        end = view.segments[-1].state.next_offset if view.segments else self._empty_end
+        if offset < log_start or offset > end:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is outside the log [{log_start}, {end}]"
+            )
+        limit = end if max_offset is None else min(end, max_offset)
+        result: list[StoredBatch] = []
+        if offset >= limit:
+            return result
+        used = 0
+        try:
+            for segment in view.segments[view.index_of(offset):]:
+                state = segment.state
+                if state.next_offset <= offset:
+                    continue
+                for header in segment.headers_from(segment.position_for_offset(offset), state):
+                    meta = header.meta
+                    if meta.next_offset <= offset:
+                        continue
+                    if meta.base_offset >= limit:
+                        return result
+                    batch = segment.read_batch(header, state)
+                    if columns is not None:
+                        batch = _project(batch, columns)
+                        size = batch.get_total_buffer_size()
+                    else:
+                        size = header.body_length
+                    if result and used + size > max_bytes:
+                        return result
+                    result.append(StoredBatch(meta, batch))
+                    used += size
+                    if used >= max_bytes:
+                        return result
+        except FileNotFoundError as exc:
+            # Retention removed the segment between our snapshot and the read.
+            raise OffsetOutOfRangeError(f"offset {offset} was deleted by retention") from exc
+        except SegmentFormatError as exc:
+            raise StorageError(f"corrupt segment data at offset {offset}: {exc}") from exc
+        return result
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """ListOffsets: the earliest offset whose record timestamp is >= ``timestamp_ms``, with that timestamp."""
+        view = self._view
+        log_start = self._log_start
+        for segment in view.segments:
+            state = segment.state
+            if state.max_timestamp < timestamp_ms or state.next_offset <= log_start:
+                continue
+            for header in segment.headers_from(segment.position_before_timestamp(timestamp_ms), state):
+                meta = header.meta
+                if meta.max_timestamp < timestamp_ms or meta.next_offset <= log_start:
+                    continue
+                batch = segment.read_batch(header, state)
+                timestamps, offsets = _timestamps_and_offsets(batch)
+                hits = np.flatnonzero((timestamps >= timestamp_ms) & (offsets >= log_start))
+                if len(hits):
+                    return int(offsets[hits[0]]), int(timestamps[hits[0]])
+        return None
+
+    def max_timestamp(self) -> tuple[int, int] | None:
+        """The offset and timestamp of the record with the largest timestamp (earliest on ties)."""
+        view = self._view
+        log_start = self._log_start
+        live = [s for s in view.segments if s.state.next_offset > log_start]
+        if not live:
+            return None
+        segment = max(live, key=lambda s: s.state.max_timestamp)  # max() keeps the first on ties
+        state = segment.state
+        target = state.max_timestamp
+        # The time index's running maximum first reaches the target in the entry after this one.
+        reached = segment.time_index.first_at_least(target)
+        position = (segment.position_for_offset(segment.time_index.entry(reached - 1)[1])
+                    if reached > 0 else len(segment.schema_message))
+        best: tuple[int, int] | None = None
+        for header in segment.headers_from(position, state):
+            meta = header.meta
+            if meta.next_offset <= log_start or (best is not None and meta.max_timestamp <= best[1]):
+                continue
+            timestamps, offsets = _timestamps_and_offsets(segment.read_batch(header, state))
+            timestamps = np.where(offsets >= log_start, timestamps, np.iinfo(np.int64).min)
+            i = int(np.argmax(timestamps))
+            if best is None or timestamps[i] > best[1]:
+                best = (int(offsets[i]), int(timestamps[i]))
+            if best[1] >= target:
+                break
+        return best
+
+    # -- flushing -------------------------------------------------------------------------
+
+    def flush_up_to(self, offset: int) -> None:
+        """Make every batch below ``offset`` durable; callers waiting together share one fsync.
+
+        Blocking: the broker calls it off the event loop.
+        """
+        if offset <= self._flushed_offset:
+            return
+        with self._flush_lock:
+            if offset <= self._flushed_offset:
+                return
+            view = self._view
+            if not view.segments:
+                return
+            target = view.segments[-1].state.next_offset
+            pending = view.segments[view.index_of(self._flushed_offset):]
+            for segment in pending:
+                segment.flush()
+            if self._directory_dirty:
+                self._directory_dirty = False
+                fsync_directory(self.directory)
+            self._flushed_offset = target
+            self._last_flush_ms = _now_ms()
+            if len(pending) > 1:
+                # Every segment before the active one is now durable: recovery may skip them.
+                self._recovery_checkpoint.write(pending[-1].base_offset)
+
+    def flush(self) -> None:
+        self.flush_up_to(self.log_end_offset)
+
+    @property
+    def flushed_offset(self) -> int:
+        """Every batch below this offset has been fsynced."""
+        return self._flushed_offset
+
+    def maybe_flush(self, now_ms: int | None = None) -> bool:
+        """For FlushPolicy.INTERVAL: flush when the interval has passed; the broker's ticker calls it."""
+        if self.config.flush_policy is not FlushPolicy.INTERVAL:
+            return False
+        now = _now_ms() if now_ms is None else now_ms
+        if now - self._last_flush_ms < self.config.flush_interval_ms or self._flushed_offset >= self.log_end_offset:
+            return False
+        self.flush()
+        return True
+
+    # -- retention ------------------------------------------------------------------------
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Delete whole old segments past the time or size limit (never the active one); returns how many."""
+        now = _now_ms() if now_ms is None else now_ms
+        with self._write_lock:
+            segments = self._view.segments
+            closed = segments[:-1]
+            cut = 0
+            while cut < len(closed) and closed[cut].state.next_offset <= self._log_start:
+                cut += 1
+            if self.config.retention_ms >= 0:
+                while cut < len(closed) and now - closed[cut].state.max_timestamp > self.config.retention_ms:
+                    cut += 1
+            if self.config.retention_bytes >= 0:
+                total = sum(s.state.size for s in segments[cut:])
+                while cut < len(closed) and total - closed[cut].state.size >= self.config.retention_bytes:
+                    total -= closed[cut].state.size
+                    cut += 1
+            if cut:
+                self._delete_oldest(cut)
+            return cut
+
+    def advance_log_start(self, offset: int) -> int:
+        """DeleteRecords: records below ``offset`` become unreadable, and stay so after a restart."""
+        with self._write_lock:
+            self._check_open()
+            if offset > self.high_watermark or offset < 0:
+                raise OffsetOutOfRangeError(
+                    f"cannot move the log start to {offset}: the high watermark is {self.high_watermark}"
+                )
+            if offset <= self._log_start:
+                return self._log_start
+            self._log_start_checkpoint.write(offset)
+            self._log_start = offset
+            closed = self._view.segments[:-1]
+            cut = 0
+            while cut < len(closed) and closed[cut].state.next_offset <= offset:
+                cut += 1
+            if cut:
+                self._delete_oldest(cut)
+            self.leader_epochs.truncate_from_start(self._log_start)
+            return self._log_start
+
+    def _delete_oldest(self, count: int) -> None:
+        segments = self._view.segments
+        doomed, kept = segments[:count], segments[count:]
+        new_start = max(self._log_start, kept[0].base_offset)
+        if new_start != self._log_start:
+            # Durable before any file goes, so a restart never sees a start below the first segment.
+            self._log_start_checkpoint.write(new_start)
+            self._log_start = new_start
+        self._view = _SegmentList.of(kept)
+        for segment in doomed:
+            segment.delete()
+        self.leader_epochs.truncate_from_start(self._log_start)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush everything and record that no recovery is needed on the next open."""
+        with self._write_lock:
+            if self._closed:
+                return
+            segments = self._view.segments
+            self.flush()
+            self._recovery_checkpoint.write(self.log_end_offset)
+            for segment in segments:
+                segment.close_for_append()
+            self._closed = True
+
+    def delete(self) -> None:
+        """Remove the bucket's files (DeleteTopics)."""
+        with self._write_lock:
+            for segment in self._view.segments:
+                segment.close_for_append()
+                segment.deleted = True
+            self._view = _SegmentList.of(())
+            self._closed = True
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"log tablet {self.directory} is closed")
+
+    def __repr__(self) -> str:
+        return f"LogTablet({self.directory}, [{self.log_start_offset}, {self.log_end_offset}))"
+
+
+def _project(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
+    missing = [c for c in columns if batch.schema.get_field_index(c) < 0]
+    if missing:
+        raise InvalidRequestError(f"unknown column(s) {missing}")
+    return batch.select(columns)
+
+
+def _as_int64(timestamps: pa.Array) -> np.ndarray:
+    """Milliseconds as int64, zero-copy when there are no nulls (a null timestamp counts as -1)."""
+    if timestamps.null_count:
+        timestamps = pc.fill_null(timestamps, pa.scalar(-1, pa.int64()).cast(timestamps.type))
+    return timestamps.view(pa.int64()).to_numpy()
+
+
+def _timestamps_and_offsets(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+    offsets = batch.column(OFFSET_FIELD.name)
+    return _as_int64(batch.column(TIMESTAMP_COLUMN)), offsets.to_numpy(zero_copy_only=False)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
