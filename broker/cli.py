@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fluvial", description="Fluvial: a Kafka-compatible table broker")
     sub = parser.add_subparsers(dest="command", required=True)
     add_broker_parser(sub)
+    import fluvial.broker.admin_cli  # noqa: F401  (registers topic/group tools)
     for register in _SUBCOMMANDS:
         register(sub)
     args = parser.parse_args(argv)
@@ -101,4 +102,6 @@ def subcommand(register):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module so that tool registrations land in one place.
+    from fluvial.broker.cli import main as _main
+    sys.exit(_main())

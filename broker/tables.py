@@ -111,6 +111,11 @@ class Table:
     def config(self, name: str) -> str:
         return self.configs.get(name, TOPIC_CONFIGS[name].default)
 
+    def fixed_buckets_reason(self) -> str | None:
+        """Why the bucket count must not change, or None. Log tables may grow; tables whose
+        rows are placed by hashing their key (primary-key tables) may not."""
+        return None
+
     def bucket(self, index: int) -> Bucket:
         if not 0 <= index < len(self.buckets):
             raise UnknownTableError(f"Table {self.name} has no bucket {index}")

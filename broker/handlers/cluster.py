@@ -18,12 +18,12 @@ async def describe_cluster(ctx: RequestContext, request):
         return ctx.response(throttle_time_ms=0, error_code=ErrorCode.MISMATCHED_ENDPOINT_TYPE,
                             error_message="This node serves brokers, not controllers", endpoint_type=1,
                             cluster_id=ctx.broker.cluster_id, controller_id=-1, brokers=[],
-                            authorized_operations=-2147483648)
+                            authorized_operations=None)
     return ctx.response(throttle_time_ms=0, error_code=0, error_message=None, endpoint_type=1,
                         cluster_id=ctx.broker.cluster_id, controller_id=cfg.node_id,
                         brokers=[CR.DescribeClusterBroker(broker_id=cfg.node_id, host=cfg.advertised,
                                                           port=ctx.broker.kafka_port, rack=None)],
-                        authorized_operations=-2147483648)
+                        authorized_operations=None)
 
 
 @handles(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, 0)

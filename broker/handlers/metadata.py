@@ -20,12 +20,12 @@ def topic_entry(ctx: RequestContext, table) -> object:
         error_code=0, partition_index=b.index, leader_id=node, leader_epoch=b.leader_epoch,
         replica_nodes=[node], isr_nodes=[node], offline_replicas=[]) for b in table.buckets]
     return R.MetadataResponseTopic(error_code=0, name=table.name, topic_id=table.topic_id, is_internal=False,
-                                   partitions=parts, authorized_operations=-2147483648)
+                                   partitions=parts, authorized_operations=None)
 
 
 def error_topic(name: str | None, code: ErrorCode, topic_id=None) -> object:
     return R.MetadataResponseTopic(error_code=code, name=name, topic_id=topic_id, is_internal=False,
-                                   partitions=[], authorized_operations=-2147483648)
+                                   partitions=[], authorized_operations=None)
 
 
 @handles(ApiKey.METADATA, 0, 12)
@@ -56,4 +56,4 @@ async def metadata(ctx: RequestContext, request):
             else:
                 topics.append(topic_entry(ctx, table))
     return ctx.response(throttle_time_ms=0, brokers=broker_entries(ctx), cluster_id=ctx.broker.cluster_id,
-                        controller_id=ctx.broker.config.node_id, topics=topics, authorized_operations=-2147483648)
+                        controller_id=ctx.broker.config.node_id, topics=topics, authorized_operations=None)

@@ -33,7 +33,7 @@ class BrokerProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> "BrokerProcess":
-        cmd = [sys.executable, "-m", "fluvial.broker.cli", "broker", "--data-dir", str(self.data_dir),
+        cmd = [sys.executable, "-m", "fluvial.broker", "broker", "--data-dir", str(self.data_dir),
                "--kafka-port", str(self.port), "--log-format", "text", *self.extra_args]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})

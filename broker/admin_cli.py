@@ -1,0 +1,183 @@
+"""`fluvial topic ...` and `fluvial group ...`: administration over the Kafka protocol.
+
+These tools speak to a running broker as any Kafka admin client does (kafka-python's
+KafkaAdminClient), so they work against Fluvial and Apache Kafka alike.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from fluvial.broker.cli import subcommand
+
+
+def _admin(args):
+    from kafka.admin import KafkaAdminClient
+    return KafkaAdminClient(bootstrap_servers=args.bootstrap, client_id="fluvial-cli", request_timeout_ms=15000)
+
+
+def _add_bootstrap(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", default="127.0.0.1:9092", help="broker address host:port")
+
+
+def _print(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+def _parse_configs(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"config {item!r} must look like name=value")
+        k, v = item.split("=", 1)
+        out[k] = v
+    return out
+
+
+# ---- topics -----------------------------------------------------------------
+
+def topic_list(args) -> int:
+    admin = _admin(args)
+    for name in sorted(admin.list_topics()):
+        print(name)
+    admin.close()
+    return 0
+
+
+def topic_describe(args) -> int:
+    from kafka.admin import ConfigResource, ConfigResourceType
+    admin = _admin(args)
+    described = admin.describe_topics([args.topic])
+    configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, args.topic)])
+    admin.close()
+    topic = described[0]
+    if topic.get("error_code"):
+        print(f"error: topic {args.topic}: error code {topic['error_code']}", file=sys.stderr)
+        return 1
+    entries = {}
+    for resp in configs:
+        for res in getattr(resp, "results", getattr(resp, "resources", [])):
+            for c in getattr(res, "configs", [])[:]:
+                entries[c.name] = c.value
+    _print({"topic": args.topic, "topic_id": str(topic.get("topic_id")),
+            "partitions": [p["partition_index"] for p in topic["partitions"]], "configs": entries})
+    return 0
+
+
+def topic_create(args) -> int:
+    from kafka.admin import NewTopic
+    configs = _parse_configs(args.config)
+    if getattr(args, "format", None):
+        configs["fluvial.value.format"] = args.format
+    if getattr(args, "schema", None):
+        with open(args.schema) as f:
+            configs["fluvial.value.schema"] = f.read()
+    admin = _admin(args)
+    admin.create_topics([NewTopic(args.topic, args.partitions, 1, topic_configs=configs)])
+    admin.close()
+    print(f"created {args.topic}")
+    return 0
+
+
+def topic_alter(args) -> int:
+    admin = _admin(args)
+    if args.partitions:
+        from kafka.admin import NewPartitions
+        admin.create_partitions({args.topic: NewPartitions(args.partitions)})
+    configs = _parse_configs(args.config)
+    if configs:
+        from kafka.admin import ConfigResource, ConfigResourceType
+        admin.incremental_alter_configs([ConfigResource(ConfigResourceType.TOPIC, args.topic, configs=configs)])
+    admin.close()
+    print(f"altered {args.topic}")
+    return 0
+
+
+@subcommand
+def register_topic(sub) -> None:
+    p = sub.add_parser("topic", help="list, describe, create and alter topics")
+    ts = p.add_subparsers(dest="action", required=True)
+    q = ts.add_parser("list")
+    _add_bootstrap(q)
+    q.set_defaults(run=topic_list)
+    q = ts.add_parser("describe")
+    _add_bootstrap(q)
+    q.add_argument("topic")
+    q.set_defaults(run=topic_describe)
+    q = ts.add_parser("create")
+    _add_bootstrap(q)
+    q.add_argument("topic")
+    q.add_argument("--partitions", type=int, default=1)
+    q.add_argument("--config", action="append", help="name=value (repeatable)")
+    q.add_argument("--format", choices=["raw", "avro", "json"], help="value format of the table")
+    q.add_argument("--schema", help="file holding the value schema (Avro)")
+    q.set_defaults(run=topic_create)
+    q = ts.add_parser("alter")
+    _add_bootstrap(q)
+    q.add_argument("topic")
+    q.add_argument("--partitions", type=int, help="new total number of partitions")
+    q.add_argument("--config", action="append", help="name=value to set (repeatable)")
+    q.set_defaults(run=topic_alter)
+
+
+# ---- groups -----------------------------------------------------------------
+
+def group_list(args) -> int:
+    admin = _admin(args)
+    for group in sorted(admin.list_consumer_groups(), key=lambda g: g[0]):
+        print(group[0])
+    admin.close()
+    return 0
+
+
+def group_describe(args) -> int:
+    admin = _admin(args)
+    desc = admin.describe_consumer_groups([args.group])[0]
+    offsets = admin.list_consumer_group_offsets(args.group)
+    admin.close()
+    _print({"group": args.group, "state": desc.state, "protocol": desc.protocol,
+            "members": [{"member_id": m.member_id, "client_id": m.client_id, "host": m.client_host}
+                        for m in desc.members],
+            "offsets": {f"{tp.topic}-{tp.partition}": om.offset for tp, om in sorted(offsets.items())}})
+    return 0
+
+
+def group_reset_offsets(args) -> int:
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+    consumer = KafkaConsumer(bootstrap_servers=args.bootstrap, group_id=args.group, enable_auto_commit=False)
+    partitions = consumer.partitions_for_topic(args.topic) or set()
+    tps = [TopicPartition(args.topic, p) for p in sorted(partitions)]
+    if args.to_earliest:
+        targets = consumer.beginning_offsets(tps)
+    elif args.to_latest:
+        targets = consumer.end_offsets(tps)
+    else:
+        targets = {tp: args.to_offset for tp in tps}
+    consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in targets.items()})
+    consumer.close()
+    _print({f"{tp.topic}-{tp.partition}": off for tp, off in targets.items()})
+    return 0
+
+
+@subcommand
+def register_group(sub) -> None:
+    p = sub.add_parser("group", help="list, describe and reset consumer groups")
+    gs = p.add_subparsers(dest="action", required=True)
+    q = gs.add_parser("list")
+    _add_bootstrap(q)
+    q.set_defaults(run=group_list)
+    q = gs.add_parser("describe")
+    _add_bootstrap(q)
+    q.add_argument("group")
+    q.set_defaults(run=group_describe)
+    q = gs.add_parser("reset-offsets")
+    _add_bootstrap(q)
+    q.add_argument("group")
+    q.add_argument("--topic", required=True)
+    how = q.add_mutually_exclusive_group(required=True)
+    how.add_argument("--to-earliest", action="store_true")
+    how.add_argument("--to-latest", action="store_true")
+    how.add_argument("--to-offset", type=int)
+    q.set_defaults(run=group_reset_offsets)
