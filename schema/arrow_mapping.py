@@ -206,11 +206,10 @@ def _avro_type_json(t: pa.DataType, meta: dict, name: str, names: set[str]) -> A
 
 # ---------------------------------------------------------------- JSON Schema -> Arrow
 
-_JSON_STRING_FORMATS = {
-    "date": pa.date32(),
-    "time": pa.time64("us"),
-    "date-time": pa.timestamp("us", tz="UTC"),
-}
+# Only "date" becomes a typed column: its RFC 3339 text form is unique, so values come back
+# textually equal. "date-time" and "time" texts have many spellings of one instant and
+# stay strings, so that Kafka consumers get exactly the text that was produced.
+_JSON_STRING_FORMATS = {"date": pa.date32()}
 
 
 def json_schema_to_arrow(schema: dict | str) -> pa.Schema:
