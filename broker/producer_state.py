@@ -1,0 +1,448 @@
+"""Idempotent producers: producer id allocation and per-bucket sequence state.
+
+`ProducerIdManager` hands out producer ids (InitProducerId), monotonic across restarts,
+and keeps the transactional id -> (producer id, epoch) mapping in the metadata store.
+
+`ProducerStateManager` is one bucket's memory of each producer's last five batches
+(Kafka's rule), used to answer a retried batch with its original offsets and to refuse
+gaps (OUT_OF_ORDER_SEQUENCE_NUMBER) and stale epochs (INVALID_PRODUCER_EPOCH). It is
+snapshotted to a file in the bucket's directory and rebuilt on open from that snapshot
+plus the batch metadata of the log after it. `ProducerStateRegistry` holds one manager
+per bucket and is what the produce path calls.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+import crc32c
+
+from fluvial.broker.log import BatchMeta
+from fluvial.broker.metadata import MetadataStore
+from fluvial.errors import FluvialError, OutOfOrderSequenceError, ProducerFencedError
+from fluvial.protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from fluvial.broker.tables import Bucket
+
+log = logging.getLogger(__name__)
+
+INT32_MAX = 2**31 - 1
+INT16_MAX = 2**15 - 1
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+# Kafka keeps this many batches per producer for duplicate detection; clients cap
+# max.in.flight.requests.per.connection at the same number when idempotent.
+BATCHES_KEPT = 5
+SNAPSHOT_FILE = "producer-state.snapshot"
+
+
+def last_sequence(base_sequence: int, last_offset_delta: int) -> int:
+    """The sequence of a batch's last record; sequences wrap from INT32_MAX to 0."""
+    return (base_sequence + last_offset_delta) % (INT32_MAX + 1)
+
+
+def in_sequence(last_seq: int, next_seq: int) -> bool:
+    return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == INT32_MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSequence:
+    """Where one producer batch went: its sequence range and offset range."""
+
+    first_seq: int
+    last_seq: int
+    base_offset: int
+    last_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A batch already in the log; the answer to its retry is where it was written."""
+
+    base_offset: int
+    last_offset: int
+
+
+@dataclass
+class ProducerEntry:
+    epoch: int
+    batches: deque[BatchSequence] = field(default_factory=lambda: deque(maxlen=BATCHES_KEPT))
+    last_timestamp: int = -1
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else NO_SEQUENCE
+
+    def find(self, first_seq: int, last_seq: int) -> BatchSequence | None:
+        for batch in self.batches:
+            if batch.first_seq == first_seq and batch.last_seq == last_seq:
+                return batch
+        return None
+
+
+class ProducerStateManager:
+    """One bucket's producer state. Not thread-safe: used from the event loop."""
+
+    def __init__(self, directory: Path | None = None):
+        self.directory = Path(directory) if directory is not None else None
+        self.producers: dict[int, ProducerEntry] = {}
+        # The log offset up to which this state covers the bucket's batches.
+        self.next_offset = 0
+
+    # -- the produce path -------------------------------------------------------------
+
+    def check(self, producer_id: int, epoch: int, base_seq: int, last_seq: int) -> Duplicate | None:
+        """Validate a batch before it is appended.
+
+        Returns the original offsets for a retried batch, None for a batch to append;
+        raises ProducerFencedError (stale epoch) or OutOfOrderSequenceError.
+        """
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            # Kafka 2.5+: a producer this bucket does not know (new, or its state expired
+            # with retention) may start at any sequence; the client handles gaps itself.
+            return None
+        if epoch < entry.epoch:
+            raise ProducerFencedError(
+                f"producer {producer_id} epoch {epoch} is older than the current epoch {entry.epoch}")
+        if epoch > entry.epoch:
+            if base_seq != 0:
+                raise OutOfOrderSequenceError(
+                    f"producer {producer_id} starts epoch {epoch} at sequence {base_seq}, not 0")
+            return None
+        original = entry.find(base_seq, last_seq)
+        if original is not None:
+            return Duplicate(original.base_offset, original.last_offset)
+        if not in_sequence(entry.last_seq, base_seq):
+            raise OutOfOrderSequenceError(
+                f"out of order sequence for producer {producer_id}: got {base_seq}, expected "
+                f"{(entry.last_seq + 1) % (INT32_MAX + 1)}")
+        return None
+
+    def update(self, producer_id: int, epoch: int, base_seq: int, last_seq: int,
+               base_offset: int, last_offset: int, timestamp: int = -1) -> None:
+        """Remember an appended batch."""
+        entry = self.producers.get(producer_id)
+        if entry is None or entry.epoch != epoch:
+            entry = self.producers[producer_id] = ProducerEntry(epoch)
+        entry.batches.append(BatchSequence(base_seq, last_seq, base_offset, last_offset))
+        entry.last_timestamp = max(entry.last_timestamp, timestamp)
+        self.next_offset = max(self.next_offset, last_offset + 1)
+
+    def check_meta(self, meta: BatchMeta) -> Duplicate | None:
+        return self.check(meta.producer_id, meta.producer_epoch, meta.base_sequence,
+                          last_sequence(meta.base_sequence, meta.last_offset_delta))
+
+    def apply(self, meta: BatchMeta, now_ms: int | None = None) -> None:
+        """Take an appended (or replayed) batch into the state.
+
+        A producer's age is the append time when known: record timestamps are the
+        producer's (CreateTime) and may be far in the past for replayed data.
+        """
+        if meta.producer_id < 0 or meta.base_sequence < 0:
+            self.next_offset = max(self.next_offset, meta.next_offset)
+            return
+        self.update(meta.producer_id, meta.producer_epoch, meta.base_sequence,
+                    last_sequence(meta.base_sequence, meta.last_offset_delta),
+                    meta.base_offset, meta.last_offset, meta.max_timestamp if now_ms is None else now_ms)
+
+    def rebuild(self, metas: Iterable[BatchMeta], now_ms: int | None = None) -> int:
+        """Replay batch metadata from the log; returns how many batches were replayed.
+
+        With `now_ms`, replayed producers count as seen at that time, so a restart does
+        not expire producers whose records carry old CreateTime timestamps.
+        """
+        n = 0
+        for meta in metas:
+            if meta.next_offset <= self.next_offset:
+                continue
+            self.apply(meta, now_ms)
+            n += 1
+        return n
+
+    def remove_expired(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget producers silent for longer than producer.id.expiration.ms."""
+        stale = [pid for pid, e in self.producers.items() if e.last_timestamp + expiration_ms < now_ms]
+        for pid in stale:
+            del self.producers[pid]
+        return len(stale)
+
+    def truncate_before(self, log_start_offset: int) -> None:
+        """Drop batches below the log start (retention, DeleteRecords)."""
+        for pid in list(self.producers):
+            entry = self.producers[pid]
+            kept = [b for b in entry.batches if b.last_offset >= log_start_offset]
+            if not kept:
+                del self.producers[pid]
+            elif len(kept) != len(entry.batches):
+                entry.batches = deque(kept, maxlen=BATCHES_KEPT)
+
+    # -- snapshots ----------------------------------------------------------------------
+
+    _HEAD = struct.Struct(">hqi")          # format version, next offset, producer count
+    _PRODUCER = struct.Struct(">qhqb")     # producer id, epoch, last timestamp, batch count
+    _BATCH = struct.Struct(">iiqq")        # first seq, last seq, base offset, last offset
+    _VERSION = 1
+
+    def encode_snapshot(self) -> bytes:
+        parts = [self._HEAD.pack(self._VERSION, self.next_offset, len(self.producers))]
+        for pid, entry in self.producers.items():
+            parts.append(self._PRODUCER.pack(pid, entry.epoch, entry.last_timestamp, len(entry.batches)))
+            parts.extend(self._BATCH.pack(b.first_seq, b.last_seq, b.base_offset, b.last_offset)
+                         for b in entry.batches)
+        body = b"".join(parts)
+        return struct.pack(">I", crc32c.crc32c(body)) + body
+
+    @classmethod
+    def decode_snapshot(cls, data: bytes) -> tuple[int, dict[int, ProducerEntry]]:
+        if len(data) < 4 + cls._HEAD.size:
+            raise ValueError("producer state snapshot too short")
+        (crc,) = struct.unpack_from(">I", data, 0)
+        body = memoryview(data)[4:]
+        if crc32c.crc32c(body) != crc:
+            raise ValueError("producer state snapshot checksum mismatch")
+        version, next_offset, count = cls._HEAD.unpack_from(body, 0)
+        if version != cls._VERSION:
+            raise ValueError(f"unknown producer state snapshot version {version}")
+        pos = cls._HEAD.size
+        producers: dict[int, ProducerEntry] = {}
+        for _ in range(count):
+            pid, epoch, last_ts, n = cls._PRODUCER.unpack_from(body, pos)
+            pos += cls._PRODUCER.size
+            entry = ProducerEntry(epoch, last_timestamp=last_ts)
+            for _ in range(n):
+                entry.batches.append(BatchSequence(*cls._BATCH.unpack_from(body, pos)))
+                pos += cls._BATCH.size
+            producers[pid] = entry
+        if pos != len(body):
+            raise ValueError("trailing bytes in producer state snapshot")
+        return next_offset, producers
+
+    def write_snapshot(self, data: bytes | None = None) -> None:
+        """Write the state atomically (temp file, fsync, rename) into the bucket's directory."""
+        if self.directory is None:
+            return
+        path = self.directory / SNAPSHOT_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        if data is None:
+            data = self.encode_snapshot()
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def load_snapshot(self, log_start_offset: int, log_end_offset: int) -> bool:
+        """Load the snapshot if it is usable for a log spanning [start, end)."""
+        if self.directory is None:
+            return False
+        path = self.directory / SNAPSHOT_FILE
+        try:
+            next_offset, producers = self.decode_snapshot(path.read_bytes())
+        except FileNotFoundError:
+            return False
+        except (ValueError, struct.error) as exc:
+            log.warning("ignoring producer state snapshot %s: %s", path, exc)
+            return False
+        if next_offset > log_end_offset:
+            # The log lost its tail (unflushed data after a crash): the snapshot saw
+            # batches that are gone, so rebuild from the log instead.
+            return False
+        self.producers = producers
+        self.next_offset = max(next_offset, log_start_offset)
+        self.truncate_before(log_start_offset)
+        return True
+
+
+def tablet_batch_metas(tablet, from_offset: int, chunk_bytes: int = 64 << 20) -> Iterator[BatchMeta]:
+    """Batch metadata of a log tablet from an offset to its end, reading no user columns."""
+    offset = max(from_offset, tablet.log_start_offset)
+    while offset < tablet.log_end_offset:
+        batches = tablet.read(offset, chunk_bytes, columns=["_offset"])
+        if not batches:
+            return
+        for stored in batches:
+            yield stored.meta
+        offset = batches[-1].meta.next_offset
+
+
+class ProducerStateRegistry:
+    """Producer state of every bucket, loaded when a bucket is first produced to.
+
+    The produce path calls `check(bucket, meta)` before appending an idempotent batch
+    and `record(bucket, written)` after; both run on the event loop with no await in
+    between, so a producer's batches to one bucket are checked and recorded in order.
+    """
+
+    def __init__(self, expiration_ms: int = 24 * 3600 * 1000):
+        self.expiration_ms = expiration_ms  # producer.id.expiration.ms
+        self._managers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def manager(self, bucket: "Bucket") -> ProducerStateManager:
+        manager = self._managers.get(bucket)
+        if manager is None:
+            manager = self._managers[bucket] = self.load(bucket)
+        return manager
+
+    @staticmethod
+    def load(bucket: "Bucket") -> ProducerStateManager:
+        """Snapshot plus the log after it; a missing or stale snapshot means a full replay."""
+        tablet = bucket.tablet
+        manager = ProducerStateManager(tablet.directory)
+        start, end = tablet.log_start_offset, tablet.log_end_offset
+        if not manager.load_snapshot(start, end):
+            manager.next_offset = start
+        replayed = manager.rebuild(tablet_batch_metas(tablet, manager.next_offset), int(time.time() * 1000))
+        if replayed:
+            log.info("rebuilt producer state of %s from %d batches", tablet.directory.name, replayed)
+        return manager
+
+    def check(self, bucket: "Bucket", meta: BatchMeta) -> Duplicate | None:
+        if meta.producer_id < 0:
+            return None
+        return self.manager(bucket).check_meta(meta)
+
+    def record(self, bucket: "Bucket", written: BatchMeta) -> None:
+        self.manager(bucket).apply(written, int(time.time() * 1000))
+
+    def prepare_snapshots(self, now_ms: int | None = None) -> list[tuple[ProducerStateManager, bytes]]:
+        """Expire silent producers and encode every loaded bucket's state (on the loop,
+        where appends happen, so each snapshot covers exactly the log end it names)."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        out = []
+        for bucket, manager in list(self._managers.items()):
+            manager.remove_expired(now, self.expiration_ms)
+            manager.truncate_before(bucket.tablet.log_start_offset)
+            # Every idempotent append went through record(), so the state covers the log end.
+            manager.next_offset = max(manager.next_offset, bucket.tablet.log_end_offset)
+            out.append((manager, manager.encode_snapshot()))
+        return out
+
+    @staticmethod
+    def write_snapshots(prepared: list[tuple[ProducerStateManager, bytes]]) -> int:
+        """Write encoded snapshots (blocking: run it in an I/O thread)."""
+        n = 0
+        for manager, data in prepared:
+            try:
+                manager.write_snapshot(data)
+                n += 1
+            except FileNotFoundError:
+                pass  # the bucket was deleted meanwhile
+            except OSError:
+                log.exception("cannot snapshot producer state in %s", manager.directory)
+        return n
+
+
+# -- producer ids ---------------------------------------------------------------------
+
+_ID_DDL = """
+CREATE TABLE IF NOT EXISTS producer_id_block (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    next_block_start INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS transactional_producers (
+    transactional_id TEXT PRIMARY KEY,
+    producer_id INTEGER NOT NULL,
+    producer_epoch INTEGER NOT NULL,
+    transaction_timeout_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerIdAndEpoch:
+    producer_id: int
+    producer_epoch: int
+
+
+class ProducerIdManager:
+    """Allocates producer ids in durable blocks, so ids never repeat after a restart."""
+
+    BLOCK_SIZE = 1000
+
+    def __init__(self, store: MetadataStore, *, max_transaction_timeout_ms: int = 900_000):
+        self._store = store
+        store.ensure_schema(_ID_DDL)
+        self._lock = threading.Lock()
+        self._next = 0
+        self._block_end = 0  # ids below this are reserved for this process
+        self.max_transaction_timeout_ms = max_transaction_timeout_ms  # transaction.max.timeout.ms
+
+    def next_producer_id(self) -> int:
+        with self._lock:
+            return self._unlocked_next_id()
+
+    def _reserve_block(self) -> None:
+        with self._store.transaction() as conn:
+            row = conn.execute("SELECT next_block_start FROM producer_id_block WHERE id = 0").fetchone()
+            start = row[0] if row else 0
+            end = start + self.BLOCK_SIZE
+            conn.execute("INSERT INTO producer_id_block (id, next_block_start) VALUES (0, ?)"
+                         " ON CONFLICT (id) DO UPDATE SET next_block_start = excluded.next_block_start", (end,))
+        self._next, self._block_end = start, end
+
+    def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
+                         producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH
+                         ) -> ProducerIdAndEpoch:
+        """InitProducerId. Idempotent producers get a fresh id at epoch 0 (as Kafka does,
+        whatever id they had); a transactional id keeps its producer id and bumps the
+        epoch, which fences the previous instance."""
+        if transactional_id is None or transactional_id == "":
+            if transactional_id == "":
+                raise FluvialError("empty transactional id", code=ErrorCode.INVALID_REQUEST)
+            return ProducerIdAndEpoch(self.next_producer_id(), 0)
+        if not 0 < transaction_timeout_ms <= self.max_transaction_timeout_ms:
+            raise FluvialError(
+                f"transaction timeout {transaction_timeout_ms} ms is outside (0, {self.max_transaction_timeout_ms}]",
+                code=ErrorCode.INVALID_TRANSACTION_TIMEOUT)
+        with self._lock:
+            rows = self._store.query(
+                "SELECT producer_id, producer_epoch FROM transactional_producers WHERE transactional_id = ?",
+                (transactional_id,))
+            if rows:
+                current = ProducerIdAndEpoch(rows[0]["producer_id"], rows[0]["producer_epoch"])
+                if producer_id != NO_PRODUCER_ID and (producer_id, producer_epoch) != (
+                        current.producer_id, current.producer_epoch):
+                    raise ProducerFencedError(
+                        f"producer {producer_id} epoch {producer_epoch} of {transactional_id!r} was fenced by "
+                        f"epoch {current.producer_epoch}", code=ErrorCode.PRODUCER_FENCED)
+                if current.producer_epoch + 1 >= INT16_MAX:
+                    # The epoch would overflow: continue under a fresh producer id.
+                    nxt = ProducerIdAndEpoch(self._unlocked_next_id(), 0)
+                else:
+                    nxt = ProducerIdAndEpoch(current.producer_id, current.producer_epoch + 1)
+            else:
+                nxt = ProducerIdAndEpoch(self._unlocked_next_id(), 0)
+            with self._store.transaction() as conn:
+                conn.execute(
+                    "INSERT INTO transactional_producers (transactional_id, producer_id, producer_epoch,"
+                    " transaction_timeout_ms, updated_ms) VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (transactional_id) DO UPDATE SET producer_id = excluded.producer_id,"
+                    " producer_epoch = excluded.producer_epoch,"
+                    " transaction_timeout_ms = excluded.transaction_timeout_ms, updated_ms = excluded.updated_ms",
+                    (transactional_id, nxt.producer_id, nxt.producer_epoch, transaction_timeout_ms,
+                     int(time.time() * 1000)))
+            return nxt
+
+    def _unlocked_next_id(self) -> int:
+        if self._next >= self._block_end:
+            self._reserve_block()
+        pid = self._next
+        self._next += 1
+        return pid

@@ -1,0 +1,254 @@
+"""Idempotent producer state: sequence checks, duplicates, epochs, snapshots, rebuild, ids."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fluvial.broker.log import BatchMeta, LogConfig, LogTablet
+from fluvial.broker.metadata import MetadataStore
+from fluvial.broker.producer_state import (
+    INT32_MAX, SNAPSHOT_FILE, Duplicate, ProducerIdManager, ProducerStateManager, ProducerStateRegistry,
+    last_sequence,
+)
+from fluvial.errors import FluvialError, OutOfOrderSequenceError, ProducerFencedError
+from fluvial.protocol.errors import ErrorCode
+
+PID = 4000
+
+
+def append(state: ProducerStateManager, log: list, epoch: int, base_seq: int, count: int, pid: int = PID):
+    """What the produce path does: check, then append at the log end and record."""
+    last = last_sequence(base_seq, count - 1)
+    dup = state.check(pid, epoch, base_seq, last)
+    if dup is not None:
+        return dup
+    base = len(log)
+    log.extend((pid, epoch, base_seq + i) for i in range(count))
+    state.update(pid, epoch, base_seq, last, base, base + count - 1, timestamp=1)
+    return Duplicate(base, base + count - 1)  # where it went, same shape as a duplicate answer
+
+
+def test_unknown_producer_may_start_anywhere_then_must_be_in_sequence():
+    s, log = ProducerStateManager(), []
+    append(s, log, 0, 17, 3)            # sequences 17..19
+    append(s, log, 0, 20, 2)
+    with pytest.raises(OutOfOrderSequenceError) as gap:
+        s.check(PID, 0, 23, 23)
+    assert gap.value.code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert s.check(PID, 0, 22, 24) is None
+
+
+def test_retries_of_the_last_five_batches_get_their_original_offsets():
+    s, log = ProducerStateManager(), []
+    placed = [append(s, log, 0, seq, 2) for seq in range(0, 14, 2)]  # seven batches
+    for i in range(2, 7):
+        assert s.check(PID, 0, 2 * i, 2 * i + 1) == placed[i]
+    # Older than the five remembered: neither a known duplicate nor in sequence.
+    with pytest.raises(OutOfOrderSequenceError):
+        s.check(PID, 0, 2, 3)
+    assert len(log) == 14
+
+
+def test_stale_epoch_is_fenced_and_new_epoch_starts_at_zero():
+    s, log = ProducerStateManager(), []
+    append(s, log, 3, 0, 5)
+    with pytest.raises(ProducerFencedError) as fenced:
+        s.check(PID, 2, 5, 5)
+    assert fenced.value.code == ErrorCode.INVALID_PRODUCER_EPOCH
+    with pytest.raises(OutOfOrderSequenceError):
+        s.check(PID, 4, 5, 5)
+    append(s, log, 4, 0, 1)
+    # The new epoch forgets the old one's batches: a retry of epoch 3 is now fenced.
+    with pytest.raises(ProducerFencedError):
+        s.check(PID, 3, 0, 4)
+
+
+def test_sequence_wraps_after_int32_max():
+    s, log = ProducerStateManager(), []
+    append(s, log, 0, INT32_MAX - 1, 2)
+    assert s.check(PID, 0, 0, 9) is None
+    assert last_sequence(INT32_MAX - 1, 4) == 2
+    append(s, log, 0, 0, 3)
+    assert s.check(PID, 0, 0, 2) == Duplicate(2, 4)
+
+
+def test_producers_are_independent():
+    s, log = ProducerStateManager(), []
+    append(s, log, 0, 0, 1, pid=1)
+    append(s, log, 0, 0, 1, pid=2)
+    assert s.check(1, 0, 0, 0) == Duplicate(0, 0)
+    assert s.check(2, 0, 0, 0) == Duplicate(1, 1)
+    assert s.check(2, 0, 1, 1) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 50), min_size=1, max_size=30),
+    retries=st.lists(st.tuples(st.integers(0, 29), st.integers(0, 10)), max_size=40),
+)
+def test_retried_batches_are_never_written_twice(sizes, retries):
+    """A producer sends batches in order; retries of anything in flight (the last five) are
+    interleaved. The log holds every sequence exactly once, in order, and each retry is
+    answered with the offsets of the original."""
+    s, log = ProducerStateManager(), []
+    placed: list[Duplicate] = []
+    bases = []
+    seq = 0
+    retry_at: dict[int, list[int]] = {}
+    for after, back in retries:
+        retry_at.setdefault(after, []).append(back)
+    for i, n in enumerate(sizes):
+        bases.append(seq)
+        placed.append(append(s, log, 0, seq, n))
+        seq += n
+        for back in retry_at.get(i, []):
+            j = i - back
+            if j < 0:
+                continue
+            if i - j < 5:
+                assert append(s, log, 0, bases[j], sizes[j]) == placed[j]
+            else:
+                with pytest.raises(OutOfOrderSequenceError):
+                    append(s, log, 0, bases[j], sizes[j])
+    assert [entry[2] for entry in log] == list(range(seq))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(0, 2**40), st.tuples(st.integers(0, 100), st.integers(0, 20)), max_size=20))
+def test_snapshot_round_trip(producers):
+    s, log = ProducerStateManager(), []
+    for pid, (epoch, n) in producers.items():
+        for k in range(n):
+            append(s, log, epoch, k * 3, 3, pid=pid)
+    next_offset, restored = ProducerStateManager.decode_snapshot(s.encode_snapshot())
+    assert next_offset == s.next_offset
+    assert {p: (e.epoch, list(e.batches), e.last_timestamp) for p, e in restored.items()} == {
+        p: (e.epoch, list(e.batches), e.last_timestamp) for p, e in s.producers.items()}
+
+
+def test_corrupt_snapshot_is_refused():
+    s, log = ProducerStateManager(), []
+    append(s, log, 0, 0, 4)
+    data = bytearray(s.encode_snapshot())
+    data[-1] ^= 0xFF
+    with pytest.raises(ValueError):
+        ProducerStateManager.decode_snapshot(bytes(data))
+
+
+# -- with a real log tablet -------------------------------------------------------------
+
+
+class BucketOnDisk:
+    """The part of a broker bucket the registry uses: its log tablet."""
+
+    def __init__(self, directory):
+        self.tablet = LogTablet.open(directory, LogConfig())
+
+
+def rows(n: int) -> pa.RecordBatch:
+    return pa.record_batch({
+        "_timestamp": pa.array([1_700_000_000_000 + i for i in range(n)], pa.timestamp("ms", tz="UTC")),
+        "value": pa.array([b"v%d" % i for i in range(n)], pa.binary()),
+    })
+
+
+def produce(registry: ProducerStateRegistry, bucket: BucketOnDisk, epoch: int, base_seq: int, n: int,
+            pid: int = PID) -> int:
+    meta = BatchMeta(base_offset=-1, last_offset_delta=n - 1, record_count=n, base_timestamp=-1,
+                     max_timestamp=-1, producer_id=pid, producer_epoch=epoch, base_sequence=base_seq)
+    dup = registry.check(bucket, meta)
+    if dup is not None:
+        return dup.base_offset
+    written = bucket.tablet.append(rows(n), meta)
+    registry.record(bucket, written)
+    return written.base_offset
+
+
+@pytest.mark.parametrize("with_snapshot", [True, False])
+def test_state_survives_reopen_from_snapshot_or_log(tmp_path, with_snapshot):
+    bucket = BucketOnDisk(tmp_path / "t-0")
+    registry = ProducerStateRegistry()
+    offsets = [produce(registry, bucket, 0, seq, 10) for seq in range(0, 60, 10)]
+    produce(registry, bucket, 0, 0, 4, pid=77)
+    if with_snapshot:
+        ProducerStateRegistry.write_snapshots(registry.prepare_snapshots())
+        assert (tmp_path / "t-0" / SNAPSHOT_FILE).exists()
+        # Appends after the snapshot are replayed from the log on reopen.
+        offsets.append(produce(registry, bucket, 0, 60, 10))
+    bucket.tablet.close()
+
+    reopened = BucketOnDisk(tmp_path / "t-0")
+    registry2 = ProducerStateRegistry()
+    end = reopened.tablet.log_end_offset
+    # A retry of the newest batches is recognised; nothing is appended.
+    assert produce(registry2, reopened, 0, 50, 10) == offsets[5]
+    if with_snapshot:
+        assert produce(registry2, reopened, 0, 60, 10) == offsets[6]
+    assert produce(registry2, reopened, 0, 0, 4, pid=77) == 60
+    assert reopened.tablet.log_end_offset == end
+    with pytest.raises(OutOfOrderSequenceError):
+        produce(registry2, reopened, 0, 200, 1)
+    next_seq = 70 if with_snapshot else 60
+    assert produce(registry2, reopened, 0, next_seq, 1) == end
+    reopened.tablet.close()
+
+
+def test_snapshot_ahead_of_a_truncated_log_is_ignored(tmp_path):
+    bucket = BucketOnDisk(tmp_path / "t-0")
+    registry = ProducerStateRegistry()
+    produce(registry, bucket, 0, 0, 5)
+    manager = registry.manager(bucket)
+    manager.next_offset = 1_000  # claims to cover offsets the log does not have
+    manager.write_snapshot()
+    bucket.tablet.close()
+    reopened = BucketOnDisk(tmp_path / "t-0")
+    loaded = ProducerStateRegistry.load(reopened)
+    assert loaded.next_offset == 5 and loaded.check(PID, 0, 0, 4) == Duplicate(0, 4)
+    reopened.tablet.close()
+
+
+def test_silent_producers_expire():
+    s, log = ProducerStateManager(), []
+    append(s, log, 0, 0, 1, pid=1)
+    s.update(2, 0, 0, 0, 1, 1, timestamp=10_000)
+    assert s.remove_expired(now_ms=5_000, expiration_ms=1_000) == 1
+    assert set(s.producers) == {2}
+
+
+# -- producer ids -------------------------------------------------------------------------
+
+
+def test_producer_ids_are_unique_across_restarts(tmp_path):
+    store = MetadataStore(tmp_path / "m.db")
+    ids = ProducerIdManager(store)
+    first = [ids.init_producer_id(None, 60_000).producer_id for _ in range(5)]
+    store.close()
+    store2 = MetadataStore(tmp_path / "m.db")
+    ids2 = ProducerIdManager(store2)
+    second = [ids2.init_producer_id(None, 60_000) for _ in range(5)]
+    assert all(p.producer_epoch == 0 for p in second)
+    assert len(set(first) | {p.producer_id for p in second}) == 10
+    assert min(p.producer_id for p in second) > max(first)
+    store2.close()
+
+
+def test_transactional_id_keeps_its_producer_id_and_bumps_the_epoch(tmp_path):
+    store = MetadataStore(tmp_path / "m.db")
+    ids = ProducerIdManager(store)
+    a = ids.init_producer_id("tx-1", 60_000)
+    b = ids.init_producer_id("tx-1", 60_000)
+    assert b.producer_id == a.producer_id and b.producer_epoch == a.producer_epoch + 1
+    # The current instance may bump its own epoch; the fenced one may not.
+    c = ids.init_producer_id("tx-1", 60_000, b.producer_id, b.producer_epoch)
+    assert c.producer_epoch == b.producer_epoch + 1
+    with pytest.raises(ProducerFencedError) as fenced:
+        ids.init_producer_id("tx-1", 60_000, a.producer_id, a.producer_epoch)
+    assert fenced.value.code == ErrorCode.PRODUCER_FENCED
+    with pytest.raises(FluvialError) as bad:
+        ids.init_producer_id("tx-2", 10**9)
+    assert bad.value.code == ErrorCode.INVALID_TRANSACTION_TIMEOUT
+    store.close()
+    again = ProducerIdManager(MetadataStore(tmp_path / "m.db")).init_producer_id("tx-1", 60_000)
+    assert again.producer_id == a.producer_id and again.producer_epoch == c.producer_epoch + 1
