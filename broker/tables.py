@@ -59,17 +59,20 @@ class GroupCommit:
 
     async def wait_durable(self, offset: int) -> None:
         while self.durable_offset < offset:
-            if self._running is not None:
-                await asyncio.shield(self._running)
-                continue
+            if self._running is None:
+                self._running = asyncio.ensure_future(self._flush())
+            await asyncio.shield(self._running)
+
+    async def _flush(self) -> None:
+        # `_running` is cleared inside the task, before its waiters resume, so a waiter
+        # never sees a finished flush as still running.
+        try:
             target = self._tablet.log_end_offset
             loop = asyncio.get_running_loop()
-            self._running = loop.run_in_executor(self._executor, self._tablet.flush)
-            try:
-                await asyncio.shield(self._running)
-                self.durable_offset = max(self.durable_offset, target)
-            finally:
-                self._running = None
+            await loop.run_in_executor(self._executor, self._tablet.flush_up_to, target)
+            self.durable_offset = max(self.durable_offset, target)
+        finally:
+            self._running = None
 
 
 class Bucket:
