@@ -39,18 +39,26 @@ def codec_from_id(codec: int) -> Compression:
         raise UnsupportedCompressionError(f"unknown compression codec id {codec}") from None
 
 
-def compress(codec: Compression, data: Buffer) -> bytes:
-    """Compress a records section the way the Java client does for ``codec``."""
+# Levels used when none is asked for. They favour speed: the broker compresses on the
+# fetch path, where time counts for more than the last few percent of size (gzip 1 is
+# ~3x faster than 6, LZ4's fast mode ~5x faster than its high-compression levels).
+DEFAULT_LEVEL = {Compression.GZIP: 1, Compression.LZ4: 0, Compression.ZSTD: 3}
+
+
+def compress(codec: Compression, data: Buffer, level: int | None = None) -> bytes:
+    """Compress a records section as the Java client frames it for ``codec`` (snappy: xerial, lz4: LZ4 frame)."""
     codec = codec_from_id(codec)
     if codec is Compression.NONE:
         return bytes(data)
-    if codec is Compression.GZIP:
-        return bytes(cramjam.gzip.compress(data))
     if codec is Compression.SNAPPY:
         return snappy_xerial_compress(data)
+    if level is None:
+        level = DEFAULT_LEVEL[codec]
+    if codec is Compression.GZIP:
+        return bytes(cramjam.gzip.compress(data, level=level))
     if codec is Compression.LZ4:
-        return bytes(cramjam.lz4.compress(data))
-    return bytes(cramjam.zstd.compress(data))
+        return bytes(cramjam.lz4.compress(data, level=level))
+    return bytes(cramjam.zstd.compress(data, level=level))
 
 
 def snappy_xerial_compress(data: Buffer, block_size: int = XERIAL_BLOCK_SIZE) -> bytes:

@@ -200,13 +200,13 @@ def set_base_offset(batch: bytearray | memoryview, base_offset: int, partition_l
 # ------------------------------------------------------------------ records section
 
 
-def decode_records(batch: Buffer, header: BatchHeader) -> RecordColumns:
+def decode_records(batch: Buffer, header: BatchHeader, implementation: Implementation | None = None) -> RecordColumns:
     """Decompress and decode the records of a batch into columns."""
     records = memoryview(batch)[HEADER_SIZE:header.size]
     codec = header.compression
     if codec is not Compression.NONE:
         records = decompress_buffer(codec, records)
-    return decode_records_section(records, header.records_count)
+    return decode_records_section(records, header.records_count, implementation)
 
 
 def decode_records_section(records: Buffer, count: int, implementation: Implementation | None = None) -> RecordColumns:
@@ -234,19 +234,24 @@ def build_batch(
     columns: RecordColumns,
     compression: Compression,
     last_offset_delta: int | None = None,
+    compression_level: int | None = None,
+    implementation: Implementation | None = None,
 ) -> bytes:
     """A complete batch with its CRC.
 
     ``attributes`` carries the timestamp type, transactional and control bits; its codec
     bits are ignored and replaced by ``compression``. ``last_offset_delta`` defaults to
     the last record's offset delta (0 for an empty batch); pass it to keep the span of
-    a batch whose tail records were removed.
+    a batch whose tail records were removed. ``compression_level`` defaults to
+    ``compression.DEFAULT_LEVEL``. ``implementation`` forces the compiled or
+    the pure-Python record writer (benchmarks, tests); by default the compiled one runs
+    when it is built.
     """
     n = len(columns.offset_delta)
-    records = encode_records_section(columns)
+    records = encode_records_section(columns, implementation)
     compression = Compression(compression)
     if compression is not Compression.NONE:
-        records = compress(compression, records)
+        records = compress(compression, records, compression_level)
     if last_offset_delta is None:
         last_offset_delta = int(columns.offset_delta[-1]) if n else 0
     covered = _CRC_COVERED.pack(
@@ -281,11 +286,14 @@ def _columns_from_buffers(count: int, parts: tuple) -> RecordColumns:
     (ts, od, k_offsets, k_data, k_valid, k_nulls, v_offsets, v_data, v_valid, v_nulls,
      h_offsets, hk_offsets, hk_data, hv_offsets, hv_data, hv_valid, hv_nulls) = parts
     n_headers = (len(hk_offsets) // 4) - 1
-    keys = _binary(pa.binary(), count, k_valid, k_offsets, k_data, k_nulls)
-    values = _binary(pa.binary(), count, v_valid, v_offsets, v_data, v_nulls)
-    header_keys = _binary(pa.string(), n_headers, None, hk_offsets, hk_data, 0)
-    header_values = _binary(pa.binary(), n_headers, hv_valid, hv_offsets, hv_data, hv_nulls)
-    entries = pa.StructArray.from_arrays([header_keys, header_values], fields=list(HEADER_STRUCT_TYPE))
+    keys = _binary(_BINARY, count, k_valid, k_offsets, k_data, k_nulls)
+    values = _binary(_BINARY, count, v_valid, v_offsets, v_data, v_nulls)
+    if n_headers == 0:
+        entries = _NO_HEADER_ENTRIES
+    else:
+        header_keys = _binary(_STRING, n_headers, None, hk_offsets, hk_data, 0)
+        header_values = _binary(_BINARY, n_headers, hv_valid, hv_offsets, hv_data, hv_nulls)
+        entries = pa.Array.from_buffers(HEADER_STRUCT_TYPE, n_headers, [None], 0, children=[header_keys, header_values])
     headers = pa.Array.from_buffers(HEADERS_TYPE, count, [None, pa.py_buffer(h_offsets)], 0, children=[entries])
     return RecordColumns(
         timestamp_delta=np.frombuffer(ts, np.int64),
@@ -294,6 +302,12 @@ def _columns_from_buffers(count: int, parts: tuple) -> RecordColumns:
         values=values,
         headers=headers,
     )
+
+
+_BINARY = pa.binary()
+_STRING = pa.string()
+# Most batches carry no headers; they all share one empty child array.
+_NO_HEADER_ENTRIES = pa.array([], HEADER_STRUCT_TYPE)
 
 
 def _binary(type_: pa.DataType, length: int, valid, offsets, data, nulls: int) -> pa.Array:
@@ -366,6 +380,15 @@ def _decode_records_py(records: Buffer, count: int) -> tuple:
     end = len(data)
     if count < 0 or count > end // 7:
         raise CorruptRecordError(f"record count {count} does not fit in {end} bytes of records")
+
+    def varint(pos: int, stop: int) -> tuple[int, int]:
+        # Most varints in a batch are one byte; only the rest pay for the general reader.
+        if pos < stop:
+            byte = data[pos]
+            if byte < 0x80:
+                return (byte >> 1) ^ -(byte & 1), pos + 1
+        return decode_varint(data, pos, stop)
+
     ts = array("q")
     od = array("i")
     k_offsets, v_offsets, h_offsets, hk_offsets, hv_offsets = (array("i", [0]) for _ in range(5))
@@ -379,33 +402,40 @@ def _decode_records_py(records: Buffer, count: int) -> tuple:
     i = 0
     try:
         for i in range(count):
-            length, pos = decode_varint(data, pos, end)
+            length, pos = varint(pos, end)
             if length < 6 or length > end - pos:
                 raise CorruptRecordError("record length out of bounds")
             rend = pos + length
             pos += 1  # record attributes: unused by Kafka
             delta, pos = decode_varlong(data, pos, rend)
             ts.append(delta)
-            delta, pos = decode_varint(data, pos, rend)
+            delta, pos = varint(pos, rend)
             od.append(delta)
-            for offsets, out, valid, what in ((k_offsets, k_data, k_valid, "key"), (v_offsets, v_data, v_valid, "value")):
-                size, pos = decode_varint(data, pos, rend)
-                if size < -1 or size > rend - pos:
-                    raise CorruptRecordError(f"{what} length out of bounds")
-                if size >= 0:
-                    out += data[pos:pos + size]
-                    pos += size
-                    valid[i >> 3] |= 1 << (i & 7)
-                elif what == "key":
-                    k_nulls += 1
-                else:
-                    v_nulls += 1
-                offsets.append(len(out))
-            header_count, pos = decode_varint(data, pos, rend)
+            size, pos = varint(pos, rend)
+            if size < -1 or size > rend - pos:
+                raise CorruptRecordError("key length out of bounds")
+            if size >= 0:
+                k_data += data[pos:pos + size]
+                pos += size
+                k_valid[i >> 3] |= 1 << (i & 7)
+            else:
+                k_nulls += 1
+            k_offsets.append(len(k_data))
+            size, pos = varint(pos, rend)
+            if size < -1 or size > rend - pos:
+                raise CorruptRecordError("value length out of bounds")
+            if size >= 0:
+                v_data += data[pos:pos + size]
+                pos += size
+                v_valid[i >> 3] |= 1 << (i & 7)
+            else:
+                v_nulls += 1
+            v_offsets.append(len(v_data))
+            header_count, pos = varint(pos, rend)
             if header_count < 0 or header_count > (rend - pos) // 2:
                 raise CorruptRecordError("header count out of bounds")
             for _ in range(header_count):
-                size, pos = decode_varint(data, pos, rend)
+                size, pos = varint(pos, rend)
                 if size < 0 or size > rend - pos:
                     raise CorruptRecordError("null header key" if size == -1 else "header key length out of bounds")
                 key = data[pos:pos + size]
@@ -416,7 +446,7 @@ def _decode_records_py(records: Buffer, count: int) -> tuple:
                 hk_data += key
                 hk_offsets.append(len(hk_data))
                 pos += size
-                size, pos = decode_varint(data, pos, rend)
+                size, pos = varint(pos, rend)
                 if size < -1 or size > rend - pos:
                     raise CorruptRecordError("header value length out of bounds")
                 if n_headers % 8 == 0:

@@ -149,3 +149,10 @@ def test_cramjam_error_type_is_what_we_catch() -> None:
     # garbage would escape as an unexpected exception type.
     with pytest.raises(cramjam.DecompressionError):
         cramjam.zstd.decompress(b"\xff" * 10)
+
+
+@pytest.mark.parametrize(("codec", "levels"), [(Compression.GZIP, [1, 9]), (Compression.LZ4, [0, 9]), (Compression.ZSTD, [1, 19])])
+def test_compression_levels(codec: Compression, levels: list[int]) -> None:
+    fast, small = (compress(codec, TEXT, level) for level in levels)
+    assert decompress(codec, fast) == decompress(codec, small) == TEXT
+    assert len(small) <= len(fast)
