@@ -119,9 +119,12 @@ class _Cursor:
     def read_blobs(self, path: str, what: str) -> tuple[np.ndarray, np.ndarray]:
         """Length-prefixed bytes: returns (Arrow offsets int32, data uint8)."""
         ln = self.read_long(path, f"{what} length")
-        bad = (ln < 0) | (self.pos + ln > self.end)
-        self.fail(bad, f"field {path!r}: {what} length {'is negative' if (ln[bad] < 0).any() else 'runs past the end of the value'}")
-        ln[bad] = 0
+        negative = ln < 0
+        self.fail(negative, f"field {path!r}: {what} length is negative")
+        ln[negative] = 0
+        long = self.pos + ln > self.end
+        self.fail(long, f"field {path!r}: {what} length runs past the end of the value")
+        ln[long] = 0
         start = self.pos.copy()
         self.pos += ln
         offsets = np.zeros(ln.size + 1, np.int64)

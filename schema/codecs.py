@@ -285,7 +285,9 @@ class JsonValueCodec(_SubjectCodec):
         length = np.where(v.valid, v.end - start, 0)
         empty = v.valid & (length == 0)
         errors.add(np.flatnonzero(empty), "value is empty, not a JSON object")
-        _raise(errors, v.n)
+        if errors.by_record():
+            self._find_json_errors(v, start, length, errors)
+            _raise(errors, v.n)
         lines = _json_lines(v.data, start, length)
         table = None
         try:

@@ -1,0 +1,345 @@
+"""Value codecs of typed tables: Avro and JSON values <-> typed Arrow columns."""
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import io
+import json
+import random
+import uuid
+
+import fastavro
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from fluvial.broker.metadata import MetadataStore
+from fluvial.errors import InvalidRecordError
+from fluvial.schema.codecs import AvroValueCodec, JsonValueCodec, value_codec
+from fluvial.schema.evolution import evolve
+from fluvial.schema.registry import SchemaRegistry, parse_schema
+
+UTC = dt.timezone.utc
+
+# Twenty fields covering every type the table mapping knows.
+SCHEMA20 = {
+    "type": "record", "name": "Order", "namespace": "shop",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "flag", "type": "boolean"},
+        {"name": "count", "type": "int"},
+        {"name": "ratio", "type": "float"},
+        {"name": "score", "type": "double"},
+        {"name": "name", "type": "string"},
+        {"name": "payload", "type": "bytes"},
+        {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED"]}},
+        {"name": "digest", "type": {"type": "fixed", "name": "Digest", "size": 8}},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "t_ms", "type": {"type": "int", "logicalType": "time-millis"}},
+        {"name": "t_us", "type": {"type": "long", "logicalType": "time-micros"}},
+        {"name": "ts_ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "ts_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "uid", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "note", "type": ["null", "string"], "default": None},
+        {"name": "address", "type": {"type": "record", "name": "Address", "fields": [
+            {"name": "street", "type": "string"},
+            {"name": "zip", "type": ["null", "int"], "default": None},
+        ]}},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "attrs", "type": {"type": "map", "values": "long"}},
+    ],
+}
+
+
+def make_record(rng: random.Random, i: int) -> dict:
+    return {
+        "id": rng.randint(-2 ** 63, 2 ** 63 - 1),
+        "flag": rng.random() < 0.5,
+        "count": rng.randint(-2 ** 31, 2 ** 31 - 1),
+        "ratio": float(np.float32(rng.uniform(-1e6, 1e6))),
+        "score": rng.uniform(-1e12, 1e12),
+        "name": "".join(rng.choice("abcdé漢🙂") for _ in range(rng.randint(0, 12))),
+        "payload": rng.randbytes(rng.randint(0, 16)),
+        "status": rng.choice(["NEW", "PAID", "SHIPPED"]),
+        "digest": rng.randbytes(8),
+        "amount": decimal.Decimal(rng.randint(-10 ** 11, 10 ** 11)).scaleb(-2),
+        "day": dt.date(1970, 1, 1) + dt.timedelta(days=rng.randint(-20000, 40000)),
+        "t_ms": dt.time(rng.randint(0, 23), rng.randint(0, 59), rng.randint(0, 59), rng.randint(0, 999) * 1000),
+        "t_us": dt.time(rng.randint(0, 23), rng.randint(0, 59), rng.randint(0, 59), rng.randint(0, 999999)),
+        "ts_ms": dt.datetime(2024, 1, 1, tzinfo=UTC) + dt.timedelta(milliseconds=rng.randint(-10 ** 12, 10 ** 12)),
+        "ts_us": dt.datetime(2024, 1, 1, tzinfo=UTC) + dt.timedelta(microseconds=rng.randint(-10 ** 15, 10 ** 15)),
+        "uid": str(uuid.UUID(int=rng.getrandbits(128))),
+        "note": None if i % 3 == 0 else f"note {i}",
+        "address": {"street": f"{i} Main St", "zip": None if i % 4 == 0 else rng.randint(0, 99999)},
+        "tags": [f"t{j}" for j in range(rng.randint(0, 4))],
+        "attrs": {f"k{j}": rng.randint(-1000, 10 ** 10) for j in range(rng.randint(0, 3))},
+    }
+
+
+def wire(schema: dict, schema_id: int, records: list[dict]) -> list[bytes]:
+    parsed = fastavro.parse_schema(schema)
+    out = []
+    for r in records:
+        buf = io.BytesIO()
+        buf.write(b"\0" + schema_id.to_bytes(4, "big"))
+        fastavro.schemaless_writer(buf, parsed, r)
+        out.append(buf.getvalue())
+    return out
+
+
+def normalized(record: dict) -> dict:
+    """A record of SCHEMA20 as fastavro reads it or as Arrow gives it back, made comparable:
+    Arrow maps come back as lists of pairs, fastavro uuids as UUID objects."""
+    return {**record, "attrs": dict(record["attrs"]), "uid": str(record["uid"])}
+
+
+@pytest.fixture
+def registry(tmp_path) -> SchemaRegistry:
+    return SchemaRegistry(MetadataStore(tmp_path / "meta.db"))
+
+
+def register(registry: SchemaRegistry, subject: str, schema: dict, schema_type: str = "AVRO") -> int:
+    return registry.register(subject, parse_schema(json.dumps(schema), schema_type))[0]
+
+
+# ---------------------------------------------------------------- Avro round trip
+
+def test_avro_round_trip_is_byte_identical_and_values_match_fastavro(registry):
+    sid = register(registry, "orders-value", SCHEMA20)
+    rng = random.Random(7)
+    records = [make_record(rng, i) for i in range(3000)]
+    values = pa.array(wire(SCHEMA20, sid, records), pa.binary())
+    codec = value_codec(registry, "orders")
+    assert isinstance(codec, AvroValueCodec)
+    columns, ids = codec.decode(values)
+    assert ids.dtype == np.int32 and (ids == sid).all()
+    assert columns.type == pa.struct(list(codec.table_schema))
+    parsed = fastavro.parse_schema(SCHEMA20)
+    expected = [fastavro.schemaless_reader(io.BytesIO(v[5:]), parsed) for v in values.to_pylist()[:300]]
+    assert [normalized(r) for r in columns.to_pylist()[:300]] == [normalized(r) for r in expected]
+    assert codec.encode(columns, ids).equals(values)
+
+
+def test_avro_columns_are_typed(registry):
+    register(registry, "orders-value", SCHEMA20)
+    types = {f.name: f.type for f in value_codec(registry, "orders").table_schema}
+    assert types["amount"] == pa.decimal128(12, 2)
+    assert types["ts_ms"] == pa.timestamp("ms", tz="UTC")
+    assert types["day"] == pa.date32()
+    assert types["attrs"] == pa.map_(pa.field("key", pa.string(), False), pa.field("value", pa.int64(), False))
+
+
+avro_values = st.fixed_dictionaries({
+    "i": st.integers(-2 ** 31, 2 ** 31 - 1),
+    "l": st.integers(-2 ** 63, 2 ** 63 - 1),
+    "s": st.text(max_size=20),
+    "n": st.none() | st.floats(allow_nan=False, width=64),
+    "a": st.lists(st.integers(-2 ** 63, 2 ** 63 - 1), max_size=5),
+    "m": st.dictionaries(st.text(max_size=5), st.booleans(), max_size=4),
+    "d": st.decimals(min_value=-10 ** 20, max_value=10 ** 20, places=4, allow_nan=False, allow_infinity=False),
+    "f": st.floats(width=32, allow_nan=False),
+})
+PROPERTY_SCHEMA = {"type": "record", "name": "P", "fields": [
+    {"name": "i", "type": "int"}, {"name": "l", "type": "long"}, {"name": "s", "type": "string"},
+    {"name": "n", "type": ["double", "null"]}, {"name": "a", "type": {"type": "array", "items": "long"}},
+    {"name": "m", "type": {"type": "map", "values": "boolean"}},
+    {"name": "d", "type": {"type": "bytes", "logicalType": "decimal", "precision": 30, "scale": 4}},
+    {"name": "f", "type": "float"},
+]}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(avro_values, min_size=1, max_size=40))
+def test_avro_round_trip_property(tmp_path_factory, records):
+    registry = SchemaRegistry(MetadataStore(tmp_path_factory.mktemp("p") / "m.db"))
+    sid = register(registry, "p-value", PROPERTY_SCHEMA)
+    values = pa.array(wire(PROPERTY_SCHEMA, sid, records), pa.binary())
+    codec = value_codec(registry, "p")
+    columns, ids = codec.decode(values)
+    assert codec.encode(columns, ids).equals(values)
+    got = columns.to_pylist()
+    assert [r["l"] for r in got] == [r["l"] for r in records]
+    assert [r["d"] for r in got] == [r["d"] for r in records]
+    assert [dict(r["m"]) for r in got] == [r["m"] for r in records]
+
+
+# ---------------------------------------------------------------- invalid records
+
+SMALL = {"type": "record", "name": "S", "fields": [
+    {"name": "n", "type": "int"},
+    {"name": "label", "type": "string"},
+    {"name": "ok", "type": "boolean"},
+    {"name": "kind", "type": {"type": "enum", "name": "K", "symbols": ["A", "B"]}},
+]}
+
+
+def test_invalid_avro_records_are_refused_each_with_its_reason(registry):
+    sid = register(registry, "s-value", SMALL)
+    other = register(registry, "other-value", {"type": "record", "name": "O", "fields": [{"name": "x", "type": "int"}]})
+    good = wire(SMALL, sid, [{"n": 1, "label": "hi", "ok": True, "kind": "B"}])[0]
+    header = good[:5]
+    values = [
+        good,
+        header + b"\x02\x7e" + b"hi\x01\x02",                 # label length 63 runs past the end
+        header + b"\x02\x04hi\x05\x02",                       # boolean byte 5
+        header + b"\x02\x04hi\x01\x08",                       # enum index 4 of 2 symbols
+        b"\0" + (999).to_bytes(4, "big") + good[5:],          # unknown schema id
+        b"\0" + other.to_bytes(4, "big") + b"\x02",           # id of another subject
+        b"\x01garbage",                                       # no magic byte
+        good + b"\x00",                                       # bytes left over
+        header + b"\x82\x00\x04hi\x01\x02",                   # non-canonical varint
+        None,
+    ]
+    codec = value_codec(registry, "s")
+    with pytest.raises(InvalidRecordError) as info:
+        codec.decode(pa.array(values, pa.binary()))
+    errors = dict(info.value.record_errors)
+    assert 0 not in errors
+    assert "field 'label'" in errors[1] and "past the end" in errors[1]
+    assert "field 'ok'" in errors[2] and "boolean" in errors[2]
+    assert "field 'kind'" in errors[3] and "enum index" in errors[3]
+    assert "schema id 999 is not registered" in errors[4]
+    assert f"schema id {other} is not a version of subject 's-value'" in errors[5]
+    assert "magic byte" in errors[6]
+    assert "left over" in errors[7]
+    assert "field 'n'" in errors[8] and "non-canonical" in errors[8]
+    assert "null" in errors[9]
+    assert len(errors) == 9
+    # the good value alone still decodes
+    cols, _ = codec.decode(pa.array([good], pa.binary()))
+    assert cols.to_pylist() == [{"n": 1, "label": "hi", "ok": True, "kind": "B"}]
+
+
+def test_a_writer_field_without_a_column_is_refused(registry):
+    registry.set_compatibility("NONE", "w-value")
+    v1 = register(registry, "w-value", {"type": "record", "name": "W", "fields": [
+        {"name": "a", "type": "int"}, {"name": "gone", "type": "string"}]})
+    register(registry, "w-value", {"type": "record", "name": "W", "fields": [{"name": "a", "type": "int"}]})
+    codec = value_codec(registry, "w")
+    with pytest.raises(InvalidRecordError) as info:
+        codec.decode(pa.array(wire({"type": "record", "name": "W", "fields": [
+            {"name": "a", "type": "int"}, {"name": "gone", "type": "string"}]}, v1, [{"a": 1, "gone": "x"}])))
+    assert "gone" in info.value.record_errors[0][1]
+
+
+# ---------------------------------------------------------------- evolution
+
+V1 = {"type": "record", "name": "E", "fields": [
+    {"name": "id", "type": "int"}, {"name": "price", "type": "float"}]}
+V2 = {"type": "record", "name": "E", "fields": [
+    {"name": "id", "type": "long"}, {"name": "price", "type": "double"},
+    {"name": "currency", "type": "string", "default": "EUR"}]}
+V3 = {"type": "record", "name": "E", "fields": [
+    {"name": "id", "type": "long"}, {"name": "price", "type": "double"},
+    {"name": "currency", "type": "string", "default": "EUR"},
+    {"name": "coupon", "type": ["null", "string"], "default": None}]}
+
+
+def test_evolution_v1_v2_v3_old_batches_read_under_new_schema(registry):
+    id1 = register(registry, "e-value", V1)
+    codec = value_codec(registry, "e")
+    v1_values = pa.array(wire(V1, id1, [{"id": 1, "price": 1.5}, {"id": 2, "price": 2.25}]), pa.binary())
+    cols1, ids1 = codec.decode(v1_values)
+    stored_v1 = pa.RecordBatch.from_struct_array(cols1)
+    assert stored_v1.schema.field("id").type == pa.int32()
+
+    id2 = register(registry, "e-value", V2)
+    id3 = register(registry, "e-value", V3)
+    assert len({id1, id2, id3}) == 3
+    table = codec.table_schema
+    assert table.names == ["id", "price", "currency", "coupon"]
+
+    old = evolve(stored_v1.add_column(0, "_offset", pa.array([0, 1], pa.int64())), table)
+    assert old.schema.names == ["_offset", "id", "price", "currency", "coupon"]
+    assert old.select(["id", "price", "currency", "coupon"]).to_pylist() == [
+        {"id": 1, "price": 1.5, "currency": "EUR", "coupon": None},
+        {"id": 2, "price": 2.25, "currency": "EUR", "coupon": None}]
+
+    # a batch mixing writers: each record comes back with its own writer schema, byte for byte
+    mixed = pa.array(v1_values.to_pylist()[:1]
+                     + wire(V3, id3, [{"id": 2 ** 40, "price": 0.1, "currency": "USD", "coupon": "X"}])
+                     + wire(V2, id2, [{"id": 7, "price": 3.0, "currency": "GBP"}]), pa.binary())
+    cols, ids = codec.decode(mixed)
+    assert ids.tolist() == [id1, id3, id2]
+    assert cols.to_pylist()[1] == {"id": 2 ** 40, "price": 0.1, "currency": "USD", "coupon": "X"}
+    assert codec.encode(cols, ids).equals(mixed)
+    # and so do the evolved old columns
+    evolved_struct = pa.StructArray.from_arrays(old.select(table.names).columns, fields=list(table))
+    assert codec.encode(evolved_struct, ids1).equals(v1_values)
+
+
+def test_evolution_nested_record_gets_default_struct():
+    from fluvial.schema.arrow_mapping import avro_to_arrow
+    v1 = {"type": "record", "name": "N", "fields": [{"name": "a", "type": "int"}]}
+    v2 = {"type": "record", "name": "N", "fields": [
+        {"name": "a", "type": "int"},
+        {"name": "loc", "type": {"type": "record", "name": "L", "fields": [
+            {"name": "x", "type": "double"}, {"name": "tags", "type": {"type": "array", "items": "string"}}]},
+         "default": {"x": 1.0, "tags": ["t"]}}]}
+    batch = pa.RecordBatch.from_pylist([{"a": 1}], schema=avro_to_arrow(v1))
+    assert evolve(batch, avro_to_arrow(v2)).to_pylist() == [{"a": 1, "loc": {"x": 1.0, "tags": ["t"]}}]
+
+
+# ---------------------------------------------------------------- JSON
+
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "name": {"type": "string"},
+        "price": {"type": "number"},
+        "active": {"type": "boolean"},
+        "day": {"type": "string", "format": "date"},
+        "at": {"type": "string", "format": "date-time"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "owner": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": ["integer", "null"]}},
+                  "required": ["name"]},
+        "note": {"type": ["string", "null"]},
+    },
+    "required": ["id", "name"],
+}
+
+
+def test_json_round_trip_equal_in_value(registry):
+    sid = register(registry, "j-value", JSON_SCHEMA, "JSON")
+    codec = value_codec(registry, "j")
+    assert isinstance(codec, JsonValueCodec)
+    docs = [{"id": i, "name": f"n{i}", "price": i * 1.5, "active": i % 2 == 0, "day": "2024-03-0%d" % (i % 9 + 1),
+             "at": "2024-03-01T10:00:00Z", "tags": ["a"] * (i % 3),
+             "owner": {"name": "o", "age": None if i % 2 else i}, "note": None} for i in range(50)]
+    plain = [json.dumps(d, indent=1).encode() for d in docs[:25]]          # pretty-printed, plain
+    framed = [b"\0" + sid.to_bytes(4, "big") + json.dumps(d).encode() for d in docs[25:]]
+    cols, ids = codec.decode(pa.array(plain + framed, pa.binary()))
+    assert codec.table_schema.field("day").type == pa.date32()
+    assert ids.tolist() == [0] * 25 + [sid] * 25
+    back = codec.encode(cols, ids).to_pylist()
+    assert [json.loads(v) for v in back[:25]] == docs[:25]
+    assert all(v[:5] == b"\0" + sid.to_bytes(4, "big") for v in back[25:])
+    assert [json.loads(v[5:]) for v in back[25:]] == docs[25:]
+    assert back[0] == json.dumps(docs[0], separators=(",", ":")).encode()
+
+
+def test_invalid_json_records_are_refused_each_with_its_reason(registry):
+    register(registry, "j-value", JSON_SCHEMA, "JSON")
+    codec = value_codec(registry, "j")
+    values = [
+        b'{"id": 1, "name": "ok"}',
+        b'{"id": "one", "name": "x"}',        # wrong type
+        b'{"name": "x"}',                      # missing required field
+        b'not json',                           # non-JSON
+        b'[1, 2]',                             # not an object
+        b'{"id": 1, "name": "x", "owner": {}}',  # nested required field missing
+        b'\0\0\0\3\x15{"id": 1, "name": "x"}',  # unknown schema id in wire format
+    ]
+    with pytest.raises(InvalidRecordError) as info:
+        codec.decode(pa.array(values, pa.binary()))
+    errors = dict(info.value.record_errors)
+    assert 0 not in errors
+    assert "'id'" in errors[1] and "integer" in errors[1]
+    assert "'id'" in errors[2] and "required" in errors[2]
+    assert "not valid JSON" in errors[3]
+    assert "not an object" in errors[4]
+    assert "owner" in errors[5] and "name" in errors[5]
+    assert "not registered" in errors[6]
