@@ -98,6 +98,8 @@ class ProducerStateManager:
         self.producers: dict[int, ProducerEntry] = {}
         # The log offset up to which this state covers the bucket's batches.
         self.next_offset = 0
+        # Changed since the last snapshot was taken.
+        self.dirty = False
 
     # -- the produce path -------------------------------------------------------------
 
@@ -138,6 +140,7 @@ class ProducerStateManager:
         entry.batches.append(BatchSequence(base_seq, last_seq, base_offset, last_offset))
         entry.last_timestamp = max(entry.last_timestamp, timestamp)
         self.next_offset = max(self.next_offset, last_offset + 1)
+        self.dirty = True
 
     def check_meta(self, meta: BatchMeta) -> Duplicate | None:
         return self.check(meta.producer_id, meta.producer_epoch, meta.base_sequence,
@@ -320,12 +323,16 @@ class ProducerStateRegistry:
     def record(self, bucket: "Bucket", written: BatchMeta) -> None:
         self.manager(bucket).apply(written, int(time.time() * 1000))
 
-    def prepare_snapshots(self, now_ms: int | None = None) -> list[tuple[ProducerStateManager, bytes]]:
+    def prepare_snapshots(self, now_ms: int | None = None, *, only_changed: bool = False
+                          ) -> list[tuple[ProducerStateManager, bytes]]:
         """Expire silent producers and encode every loaded bucket's state (on the loop,
         where appends happen, so each snapshot covers exactly the log end it names)."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         out = []
         for bucket, manager in list(self._managers.items()):
+            if only_changed and not manager.dirty:
+                continue
+            manager.dirty = False
             manager.remove_expired(now, self.expiration_ms)
             manager.truncate_before(bucket.tablet.log_start_offset)
             # Every idempotent append went through record(), so the state covers the log end.

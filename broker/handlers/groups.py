@@ -1,0 +1,203 @@
+"""FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups,
+ListGroups, DeleteGroups: the classic group protocol on top of the group coordinator.
+
+Join and Sync answers wait on the coordinator inside the handler, so the connection
+reads nothing else meanwhile: Kafka mutes a connection the same way while its
+JoinGroup or SyncGroup is pending.
+"""
+from __future__ import annotations
+
+from fluvial.broker.broker import on_start, on_stop
+from fluvial.broker.groups import GroupConfig, GroupCoordinator, GroupStorage
+from fluvial.broker.handlers import RequestContext, handles
+from fluvial.protocol.errors import ErrorCode
+from fluvial.protocol.messages import ApiKey, response_class
+
+FC = response_class(ApiKey.FIND_COORDINATOR)
+JG = response_class(ApiKey.JOIN_GROUP)
+LG = response_class(ApiKey.LEAVE_GROUP)
+DG = response_class(ApiKey.DESCRIBE_GROUPS)
+LS = response_class(ApiKey.LIST_GROUPS)
+DEL = response_class(ApiKey.DELETE_GROUPS)
+
+GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
+# kafka-python encodes this bitfield from a set of bits; None is Kafka's "not asked" (INT32_MIN).
+AUTHORIZED_OPERATIONS_OMITTED = None
+
+
+def group_config(broker) -> GroupConfig:
+    """Group settings from the broker config where it has them, Kafka's defaults otherwise."""
+    defaults = GroupConfig()
+    cfg = broker.config
+    return GroupConfig(**{
+        name: getattr(cfg, name, getattr(cfg, f"group_{name}", getattr(defaults, name)))
+        for name in defaults.__dataclass_fields__
+    })
+
+
+def coordinator(ctx: RequestContext) -> GroupCoordinator:
+    return ctx.broker.extensions["groups"]
+
+
+@on_start
+async def start_group_coordinator(broker) -> None:
+    tables = broker.tables
+
+    def partition_exists(topic: str, partition: int) -> bool:
+        table = tables.tables.get(topic)
+        return table is not None and 0 <= partition < len(table.buckets)
+
+    def log_end_offset(topic: str, partition: int) -> int | None:
+        table = tables.tables.get(topic)
+        if table is None or not 0 <= partition < len(table.buckets):
+            return None
+        return table.buckets[partition].tablet.log_end_offset
+
+    coord = GroupCoordinator(GroupStorage(broker.store), group_config(broker),
+                             partition_exists=partition_exists, log_end_offset=log_end_offset)
+    await coord.start()
+    broker.extensions["groups"] = coord
+
+
+@on_stop
+async def stop_group_coordinator(broker) -> None:
+    coord = broker.extensions.pop("groups", None)
+    if coord is not None:
+        await coord.close()
+
+
+def _client_host(ctx: RequestContext) -> str:
+    # Kafka shows the client address as InetAddress.toString() does: "/host".
+    return "/" + ctx.peer.rsplit(":", 1)[0]
+
+
+# -- FindCoordinator ------------------------------------------------------------------------
+
+
+@handles(ApiKey.FIND_COORDINATOR, 0, 6)
+async def find_coordinator(ctx: RequestContext, request):
+    """This single broker coordinates every group and transactional id."""
+    cfg = ctx.broker.config
+    node, host, port = cfg.node_id, cfg.advertised, ctx.broker.kafka_port
+    key_type = request.key_type if ctx.version >= 1 else GROUP_KEY_TYPE
+    error, message = ErrorCode.NONE, None
+    if key_type not in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):
+        error, message = ErrorCode.INVALID_REQUEST, f"coordinator key type {key_type} is not supported"
+    if ctx.version < 4:
+        ok = error == ErrorCode.NONE
+        return ctx.response(throttle_time_ms=0, error_code=error, error_message=message,
+                            node_id=node if ok else -1, host=host if ok else "", port=port if ok else -1)
+    ok = error == ErrorCode.NONE
+    return ctx.response(throttle_time_ms=0, coordinators=[
+        FC.Coordinator(key=key, node_id=node if ok else -1, host=host if ok else "", port=port if ok else -1,
+                       error_code=error, error_message=message)
+        for key in request.coordinator_keys])
+
+
+# -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ------------------------------------------------
+
+
+@handles(ApiKey.JOIN_GROUP, 0, 9)
+async def join_group(ctx: RequestContext, request):
+    result = await coordinator(ctx).join_group(
+        group_id=request.group_id,
+        member_id=request.member_id,
+        group_instance_id=request.group_instance_id if ctx.version >= 5 else None,
+        client_id=ctx.header.client_id or "",
+        client_host=_client_host(ctx),
+        session_timeout_ms=request.session_timeout_ms,
+        rebalance_timeout_ms=request.rebalance_timeout_ms if ctx.version >= 1 else -1,
+        protocol_type=request.protocol_type,
+        protocols=[(p.name, bytes(p.metadata)) for p in request.protocols],
+        # KIP-394: from v4 a first join without a member id is asked to come back with one.
+        require_known_member_id=ctx.version >= 4,
+    )
+    protocol_name = result.protocol_name
+    if protocol_name is None and ctx.version < 7:
+        protocol_name = ""
+    return ctx.response(
+        throttle_time_ms=0, error_code=result.error, generation_id=result.generation_id,
+        protocol_type=result.protocol_type, protocol_name=protocol_name, leader=result.leader_id,
+        skip_assignment=False, member_id=result.member_id,
+        members=[JG.JoinGroupResponseMember(member_id=m.member_id, group_instance_id=m.group_instance_id,
+                                            metadata=m.metadata) for m in result.members])
+
+
+@handles(ApiKey.SYNC_GROUP, 0, 5)
+async def sync_group(ctx: RequestContext, request):
+    result = await coordinator(ctx).sync_group(
+        group_id=request.group_id,
+        generation_id=request.generation_id,
+        member_id=request.member_id,
+        group_instance_id=request.group_instance_id if ctx.version >= 3 else None,
+        protocol_type=request.protocol_type if ctx.version >= 5 else None,
+        protocol_name=request.protocol_name if ctx.version >= 5 else None,
+        assignments={a.member_id: bytes(a.assignment) for a in request.assignments},
+    )
+    return ctx.response(throttle_time_ms=0, error_code=result.error, protocol_type=result.protocol_type,
+                        protocol_name=result.protocol_name, assignment=result.assignment)
+
+
+@handles(ApiKey.HEARTBEAT, 0, 4)
+async def heartbeat(ctx: RequestContext, request):
+    error = coordinator(ctx).heartbeat(
+        group_id=request.group_id, generation_id=request.generation_id, member_id=request.member_id,
+        group_instance_id=request.group_instance_id if ctx.version >= 3 else None)
+    return ctx.response(throttle_time_ms=0, error_code=error)
+
+
+@handles(ApiKey.LEAVE_GROUP, 0, 5)
+async def leave_group(ctx: RequestContext, request):
+    if ctx.version < 3:
+        result = coordinator(ctx).leave_group(request.group_id, [(request.member_id, None)])
+        error = result.error
+        if error == ErrorCode.NONE and result.members:
+            error = result.members[0].error
+        return ctx.response(throttle_time_ms=0, error_code=error)
+    result = coordinator(ctx).leave_group(
+        request.group_id, [(m.member_id, m.group_instance_id) for m in request.members])
+    return ctx.response(throttle_time_ms=0, error_code=result.error, members=[
+        LG.MemberResponse(member_id=m.member_id, group_instance_id=m.group_instance_id, error_code=m.error)
+        for m in result.members])
+
+
+# -- DescribeGroups, ListGroups, DeleteGroups ---------------------------------------------------
+
+
+@handles(ApiKey.DESCRIBE_GROUPS, 0, 6)
+async def describe_groups(ctx: RequestContext, request):
+    groups = []
+    for d in coordinator(ctx).describe_groups(list(request.groups)):
+        error, message = d.error, None
+        if not d.found and error == ErrorCode.NONE and ctx.version >= 6:
+            # Since v6 a missing group is an error rather than a "Dead" description.
+            error, message = ErrorCode.GROUP_ID_NOT_FOUND, f"Group {d.group_id} not found."
+        groups.append(DG.DescribedGroup(
+            error_code=error, error_message=message, group_id=d.group_id, group_state=d.state,
+            protocol_type=d.protocol_type, protocol_data=d.protocol_name,
+            members=[DG.DescribedGroup.DescribedGroupMember(
+                member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
+                client_host=m.client_host, member_metadata=m.metadata, member_assignment=m.assignment)
+                for m in d.members],
+            authorized_operations=AUTHORIZED_OPERATIONS_OMITTED))
+    return ctx.response(throttle_time_ms=0, groups=groups)
+
+
+@handles(ApiKey.LIST_GROUPS, 0, 5)
+async def list_groups(ctx: RequestContext, request):
+    states = list(request.states_filter) if ctx.version >= 4 and request.states_filter else None
+    types = list(request.types_filter) if ctx.version >= 5 and request.types_filter else None
+    listings = coordinator(ctx).list_groups(states, types)
+    return ctx.response(throttle_time_ms=0, error_code=ErrorCode.NONE, groups=[
+        LS.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type, group_state=g.state,
+                       group_type="classic")
+        for g in listings])
+
+
+@handles(ApiKey.DELETE_GROUPS, 0, 2)
+async def delete_groups(ctx: RequestContext, request):
+    names = list(request.groups_names)
+    errors = await coordinator(ctx).delete_groups(names)
+    return ctx.response(throttle_time_ms=0, results=[
+        DEL.DeletableGroupResult(group_id=name, error_code=errors[name]) for name in names])
