@@ -96,14 +96,18 @@ def aiokafka_parse_set(batches: list[bytes]) -> int:
     return n
 
 
-def median_rate(fn: Callable[[], object], records: int, runs: int) -> float:
-    fn()  # warm-up
-    times = []
+def median_rates(tasks: dict[str, Callable[[], object]], records: int, runs: int) -> dict[str, float]:
+    """Records/s per task, median of ``runs``; tasks run round-robin so load drift on a
+    shared machine hits each of them alike and the ratios stay meaningful."""
+    for fn in tasks.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in tasks}
     for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return records / statistics.median(times)
+        for name, fn in tasks.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: records / statistics.median(t) for name, t in times.items()}
 
 
 def measure(count: int, per_batch: int, with_headers: bool, runs: int, codecs: list[Compression]) -> list[dict]:
@@ -119,25 +123,26 @@ def measure(count: int, per_batch: int, with_headers: bool, runs: int, codecs: l
         ]
         for part in parts
     ]
-    implementations = ["native", "python"] if R.HAS_NATIVE else ["python"]
     results = []
     for codec in codecs:
-        field = b"".join(build_set(parts, codec, "python" if not R.HAS_NATIVE else "native"))
+        field = b"".join(build_set(parts, codec, "native" if R.HAS_NATIVE else "python"))
         ai_batches = aiokafka_build_set(rows, codec)
+        implementations = ["native"] if R.HAS_NATIVE else []
+        if codec is Compression.NONE:
+            implementations.append("python")  # the fallback's cost is its record loop; codecs are shared
+        parse_tasks: dict[str, Callable[[], object]] = {}
+        build_tasks: dict[str, Callable[[], object]] = {}
         for impl in implementations:
-            if impl == "python" and codec is not Compression.NONE:
-                continue  # the fallback's cost is its record loop; codecs are shared
             assert parse_set(field, impl) == count
-            results.append(dict(
-                codec=codec.name.lower(), implementation=impl,
-                parse=median_rate(lambda: parse_set(field, impl), count, runs),
-                build=median_rate(lambda: build_set(parts, codec, impl), count, runs),
-            ))
-        results.append(dict(
-            codec=codec.name.lower(), implementation="aiokafka",
-            parse=median_rate(lambda: aiokafka_parse_set(ai_batches), count, runs),
-            build=median_rate(lambda: aiokafka_build_set(rows, codec), count, runs),
-        ))
+            parse_tasks[impl] = lambda impl=impl: parse_set(field, impl)
+            build_tasks[impl] = lambda impl=impl: build_set(parts, codec, impl)
+        parse_tasks["aiokafka"] = lambda: aiokafka_parse_set(ai_batches)
+        build_tasks["aiokafka"] = lambda: aiokafka_build_set(rows, codec)
+        parse = median_rates(parse_tasks, count, runs)
+        build = median_rates(build_tasks, count, runs)
+        for impl in parse:
+            results.append(dict(codec=codec.name.lower(), implementation=impl, parse=parse[impl], build=build[impl],
+                                compressed_bytes=len(field)))
     for r in results:
         r.update(records=count, records_per_batch=per_batch, headers_per_record=2 if with_headers else 0)
     return results

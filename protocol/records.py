@@ -106,7 +106,13 @@ class BatchHeader:
 
 @dataclass
 class RecordColumns:
-    """The records of one batch, column-wise; row i is the record at offset delta ``offset_delta[i]``."""
+    """The records of one batch, column-wise; row i is the record at offset delta ``offset_delta[i]``.
+
+    Decoded columns are zero-copy views of the decoder's buffers: the NumPy arrays are
+    read-only (copy before changing them in place). The encoder takes any slice of
+    Arrow arrays (string/large_binary are accepted for keys and values) and any
+    integer NumPy arrays.
+    """
 
     timestamp_delta: np.ndarray  # int64
     offset_delta: np.ndarray  # int32
