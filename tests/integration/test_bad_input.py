@@ -82,7 +82,8 @@ def assert_still_serving(broker) -> None:
 
 @pytest.fixture
 def topic(broker, topic_name):
-    AdminClient({"bootstrap.servers": broker.bootstrap}).create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(10)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(10)
     return topic_name
 
 
