@@ -40,6 +40,9 @@ _MIN_BATCH_LENGTH = HEADER_SIZE - LENGTH_END
 _CRC_COVERED = struct.Struct(">hiqqqhii")
 _BASE_OFFSET = struct.Struct(">q")
 _LEADER_EPOCH = struct.Struct(">i")
+_ATTRIBUTES = struct.Struct(">h")
+_CRC = struct.Struct(">I")
+_MAX_TIMESTAMP_OFFSET = 35
 
 CODEC_MASK = 0x07
 TIMESTAMP_TYPE_MASK = 0x08
@@ -201,6 +204,19 @@ def set_base_offset(batch: bytearray | memoryview, base_offset: int, partition_l
     """Stamp the broker-assigned base offset and leader epoch in place; both lie outside the CRC."""
     _BASE_OFFSET.pack_into(batch, 0, base_offset)
     _LEADER_EPOCH.pack_into(batch, 12, partition_leader_epoch)
+
+
+def set_log_append_time(batch: bytearray | memoryview, timestamp: int) -> None:
+    """Mark a batch LogAppendTime with the broker's ``timestamp`` as its max timestamp, in place.
+
+    Both fields are inside the CRC, so it is recomputed (the records are not touched).
+    """
+    view = memoryview(batch)
+    (attributes,) = _ATTRIBUTES.unpack_from(view, CRC_START)
+    _ATTRIBUTES.pack_into(view, CRC_START, attributes | TIMESTAMP_TYPE_MASK)
+    _BASE_OFFSET.pack_into(view, _MAX_TIMESTAMP_OFFSET, timestamp)
+    (batch_length,) = _LEADER_EPOCH.unpack_from(view, 8)
+    _CRC.pack_into(view, CRC_OFFSET, crc32c.crc32c(view[CRC_START:LENGTH_END + batch_length]))
 
 
 # ------------------------------------------------------------------ records section

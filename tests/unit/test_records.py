@@ -552,3 +552,22 @@ def test_flat_buffer_encoder_checks_every_buffer(encode) -> None:
             call_encoder(encode, **changes)
     with pytest.raises(InvalidRecordError):
         call_encoder(encode, **{**ONE_HEADER, "hk_valid": b"\x00"})
+
+
+@pytest.mark.parametrize("codec", [Compression.NONE, Compression.ZSTD])
+def test_log_append_time_sets_type_and_max_timestamp_with_a_new_crc(codec: Compression) -> None:
+    data = bytearray(make_batch(RecordColumns.from_lists([None, b"k"], [b"a", b"b"]), codec, attributes=TRANSACTIONAL_MASK))
+    before, _ = read_batch(bytes(data))
+    R.set_log_append_time(data, 1_800_000_000_123)
+    header, decoded = read_batch(bytes(data))  # read_batch checks the CRC
+    assert header.crc != before.crc
+    assert header.timestamp_type == 1 and header.is_transactional and header.compression is codec
+    assert header.max_timestamp == 1_800_000_000_123
+    assert header.base_timestamp == before.base_timestamp
+    assert decoded.values.to_pylist() == [b"a", b"b"]
+    from aiokafka.record.default_records import DefaultRecordBatch
+
+    batch = DefaultRecordBatch(bytes(data))
+    assert batch.validate_crc() and batch.timestamp_type == 1
+    # a LogAppendTime batch reports the broker's time for every record
+    assert {r.timestamp for r in batch} == {1_800_000_000_123}
