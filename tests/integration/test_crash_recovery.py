@@ -6,6 +6,7 @@ import threading
 import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.broker_process import BrokerProcess
 
@@ -53,6 +54,8 @@ def test_kill9_during_acks_all_produce_loses_nothing_acknowledged(tmp_path):
     rng = random.Random(7)
     b = BrokerProcess(tmp_path / "data").start()
     topic, partitions = "crash", 3
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(10)
     acked: dict[tuple[int, int], bytes] = {}
     seq = 0
     for round_ in range(4):
