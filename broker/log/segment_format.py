@@ -108,7 +108,7 @@ def read_schema_message(view: memoryview, limit: int) -> tuple[int, pa.Schema]:
         raise SegmentFormatError("first message of a segment is not a schema")
     try:
         schema = ipc.read_schema(pa.py_buffer(bytes(view[:length])))
-    except (pa.ArrowException, ValueError) as exc:
+    except (pa.ArrowException, ValueError, OSError) as exc:
         raise SegmentFormatError(f"unreadable schema message: {exc}") from exc
     return length, schema
 
