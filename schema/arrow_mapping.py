@@ -1,6 +1,7 @@
 """Avro schema <-> Arrow schema and JSON Schema <-> Arrow schema: the table's typed columns."""
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -31,6 +32,7 @@ def avro_to_arrow(schema: AvroSchema | str | dict) -> pa.Schema:
     return pa.schema([_avro_field(f.name, f.type, f.has_default, f.default) for f in root.fields], metadata=meta)
 
 
+@functools.lru_cache(maxsize=4096)  # nodes hash by identity; the codec asks once per batch
 def avro_type_to_arrow(node: AvroNode) -> pa.DataType:
     """The Arrow type of the values of one Avro type (nullability is the field's business)."""
     return _avro_field("x", node, False, None).type
