@@ -498,7 +498,7 @@ def _as_int64(arr: pa.Array) -> np.ndarray:
 def _struct_child(arr: pa.StructArray, i: int) -> pa.Array:
     # `.field()` ignores the struct's slice offset; flatten-like slicing keeps rows aligned.
     child = arr.field(i)
-    if arr.offset or len(child) != len(arr):
+    if len(child) != len(arr):
         child = child.slice(arr.offset, len(arr))
     return child
 

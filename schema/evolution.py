@@ -76,7 +76,7 @@ def evolve_array(arr: pa.Array, field: pa.Field) -> pa.Array:
             sub = dst.field(i)
             if sub.name in have:
                 child = arr.field(have[sub.name])
-                if arr.offset or len(child) != len(arr):
+                if len(child) != len(arr):
                     child = child.slice(arr.offset, len(arr))
                 children.append(evolve_array(child, sub))
             else:

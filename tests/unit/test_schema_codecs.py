@@ -343,3 +343,18 @@ def test_invalid_json_records_are_refused_each_with_its_reason(registry):
     assert "not an object" in errors[4]
     assert "owner" in errors[5] and "name" in errors[5]
     assert "not registered" in errors[6]
+
+
+def test_sliced_and_empty_inputs(registry):
+    sid = register(registry, "orders-value", SCHEMA20)
+    rng = random.Random(3)
+    values = pa.array(wire(SCHEMA20, sid, [make_record(rng, i) for i in range(50)]), pa.binary())
+    codec = value_codec(registry, "orders")
+    part = values.slice(7, 20)
+    columns, ids = codec.decode(part)
+    assert codec.encode(columns, ids).equals(part)
+    full, full_ids = codec.decode(values)
+    assert codec.encode(full.slice(13, 30), full_ids[13:43]).equals(values.slice(13, 30))
+    empty_cols, empty_ids = codec.decode(values.slice(0, 0))
+    assert len(empty_cols) == 0 and len(empty_ids) == 0
+    assert len(codec.encode(empty_cols, empty_ids)) == 0
