@@ -108,6 +108,15 @@ class SparseIndex:
     def flush(self) -> None:
         if self._fd is not None:
             os.fsync(self._fd)
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         if self._fd is not None:

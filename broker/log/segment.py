@@ -225,7 +225,7 @@ class LogSegment:
         self._add_batch(header)
 
     def flush(self) -> None:
-        """Force the segment's data and indexes to disk."""
+        """Force the segment's data and indexes to disk (safe beside a concurrent roll)."""
         with self._fd_lock:
             if self._fd is not None:
                 os.fdatasync(self._fd)
@@ -238,16 +238,16 @@ class LogSegment:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-        self.offset_index.flush()
-        self.time_index.flush()
+            self.offset_index.flush()
+            self.time_index.flush()
 
     def close_for_append(self) -> None:
         with self._fd_lock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
-        self.offset_index.close()
-        self.time_index.close()
+            self.offset_index.close()
+            self.time_index.close()
 
     def delete(self) -> None:
         self.close_for_append()

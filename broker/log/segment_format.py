@@ -20,7 +20,7 @@ from fluvial.broker.log.batch_meta import BatchMeta
 
 META_KEY = b"fluvial.batch"
 CRC_KEY = b"fluvial.crc32c"
-_CRC_PLACEHOLDER = b"00000000"
+_CRC_PLACEHOLDER = b"CRC?CRC?"
 _CONTINUATION = 0xFFFFFFFF
 _PREFIX = struct.Struct("<Ii")
 _U8 = struct.Struct("<B")
@@ -82,17 +82,23 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta) -> EncodedBatch:
     sink = pa.BufferOutputStream()
     writer = ipc.new_stream(sink, batch.schema, options=_WRITE_OPTIONS)
     writer.write_batch(batch, custom_metadata={META_KEY: meta.encode(), CRC_KEY: _CRC_PLACEHOLDER})
-    # The writer is not closed: closing would append the end-of-stream marker.
+    # The writer is not closed: closing would append the end-of-stream marker, so the
+    # buffer ends exactly where the batch body ends.
     data = sink.getvalue()
     view = memoryview(data)
-    schema_length = _message_length(view, 0)
+    schema_length = 8 + _PREFIX.unpack_from(view, 0)[1]
+    header_length = 8 + _PREFIX.unpack_from(view, schema_length)[1]
     schema_message = bytes(view[:schema_length])
-    parsed = parse_batch_header(view, schema_length, len(view))
-    header = bytearray(view[schema_length : schema_length + parsed.header_length])
-    body = data.slice(schema_length + parsed.header_length, parsed.body_length)
+    header = bytearray(view[schema_length : schema_length + header_length])
+    # Found by value rather than by walking the flatbuffer: the placeholder text cannot occur
+    # in the binary header fields (it would need lengths or offsets near 2**62).
+    crc_at = header.find(_CRC_PLACEHOLDER)
+    if crc_at < 0 or header.find(_CRC_PLACEHOLDER, crc_at + 1) >= 0:
+        raise AssertionError("checksum placeholder not found exactly once in the batch header")
+    body = data.slice(schema_length + header_length)
     crc = crc32c.crc32c(header, schema_checksum(schema_message))
     crc = crc32c.crc32c(body, crc)
-    header[parsed.crc_at : parsed.crc_at + 8] = b"%08x" % crc
+    header[crc_at : crc_at + 8] = b"%08x" % crc
     return EncodedBatch(schema_message, bytes(header), body)
 
 
@@ -104,7 +110,11 @@ def read_schema_message(view: memoryview, limit: int) -> tuple[int, pa.Schema]:
     """The length and schema of the stream's first message; SegmentFormatError when it is not whole."""
     length = _message_length(view, 0, limit)
     meta = view[8:length]
-    if _field_u8(meta, _root(meta), _MSG_HEADER_TYPE) != _HEADER_SCHEMA:
+    try:
+        header_type = _field_u8(meta, _root(meta), _MSG_HEADER_TYPE)
+    except (struct.error, IndexError) as exc:
+        raise SegmentFormatError(f"unreadable schema header: {exc}") from exc
+    if header_type != _HEADER_SCHEMA:
         raise SegmentFormatError("first message of a segment is not a schema")
     try:
         schema = ipc.read_schema(pa.py_buffer(bytes(view[:length])))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import shutil
 import threading
 import time
@@ -134,12 +133,13 @@ class LogTablet:
         self._empty_end = log_end
         self._view = _SegmentList.of(segments)
         self.leader_epochs.truncate_from_end(log_end)
-        # What was recovered becomes the durable baseline: later crashes rescan only newer data.
-        for segment in recovered:
-            segment.flush()
-        fsync_directory(self.directory)
         self._flushed_offset = log_end
-        self._recovery_checkpoint.write(segments[-1].base_offset if segments else log_end)
+        if recovered:
+            # What was recovered becomes the durable baseline: later crashes rescan only newer data.
+            for segment in recovered:
+                segment.flush()
+            fsync_directory(self.directory)
+            self._recovery_checkpoint.write(log_end, durable=False)
 
     def _remove_orphan_indexes(self, bases: set[int]) -> None:
         for suffix in (OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX):
@@ -185,19 +185,13 @@ class LogTablet:
         count = records.num_rows
         if count == 0:
             raise InvalidRecordError("an appended batch must hold at least one record")
-        names = records.schema.names
-        if OFFSET_FIELD.name in names:
-            raise InvalidRecordError("_offset is assigned by the log, not given")
-        if TIMESTAMP_COLUMN not in names:
-            raise InvalidRecordError("an appended batch needs a _timestamp column")
-        if any(pa.types.is_dictionary(t) for t in records.schema.types):
-            raise InvalidRecordError("dictionary-encoded columns are not stored; decode them first")
+        stored_schema = self._stored_schema(records.schema)
         with self._write_lock:
             self._check_open()
             base = self.log_end_offset
             records, filled = self._stamp(records, meta, base, now_ms)
             offsets = pa.array(np.arange(base, base + count, dtype=np.int64))
-            batch = pa.RecordBatch.from_arrays([offsets, *records.columns], schema=self._stored_schema(records.schema))
+            batch = pa.RecordBatch.from_arrays([offsets, *records.columns], schema=stored_schema)
             encoded = encode_batch(batch, filled)
             view = self._view
             active = view.segments[-1] if view.segments else None
@@ -239,17 +233,27 @@ class LogTablet:
             timestamps = _as_int64(records.column(TIMESTAMP_COLUMN))
             low, max_timestamp = (int(timestamps.min()), int(timestamps.max())) if len(timestamps) else (-1, -1)
             base_timestamp = meta.base_timestamp if meta.base_timestamp >= 0 else int(timestamps[0])
-        filled = dataclasses.replace(
-            meta, base_offset=base, last_offset_delta=count - 1, record_count=count,
-            base_timestamp=base_timestamp, max_timestamp=max_timestamp, attributes=attributes,
+        filled = BatchMeta(
+            base, count - 1, count, base_timestamp, max_timestamp, meta.producer_id, meta.producer_epoch,
+            meta.base_sequence, attributes, meta.partition_leader_epoch, meta.schema_id,
         )
         return records, filled
 
     def _stored_schema(self, schema: pa.Schema) -> pa.Schema:
+        """The schema as stored (``_offset`` first), checked once per distinct input schema."""
         cached = self._schema_cache
-        if cached is None or not (cached[0] is schema or cached[0].equals(schema, check_metadata=True)):
-            cached = self._schema_cache = (schema, schema.insert(0, OFFSET_FIELD))
-        return cached[1]
+        if cached is not None and (cached[0] is schema or cached[0].equals(schema, check_metadata=True)):
+            return cached[1]
+        names = schema.names
+        if OFFSET_FIELD.name in names:
+            raise InvalidRecordError("_offset is assigned by the log, not given")
+        if TIMESTAMP_COLUMN not in names or not pa.types.is_timestamp(schema.field(TIMESTAMP_COLUMN).type):
+            raise InvalidRecordError("an appended batch needs a _timestamp column of a timestamp type")
+        if any(pa.types.is_dictionary(t) for t in schema.types):
+            raise InvalidRecordError("dictionary-encoded columns are not stored; decode them first")
+        stored = schema.insert(0, OFFSET_FIELD)
+        self._schema_cache = (schema, stored)
+        return stored
 
     def _should_roll(self, active: LogSegment, encoded, meta: BatchMeta) -> bool:
         state = active.state
@@ -389,8 +393,9 @@ class LogTablet:
             self._flushed_offset = target
             self._last_flush_ms = _now_ms()
             if len(pending) > 1:
-                # Every segment before the active one is now durable: recovery may skip them.
-                self._recovery_checkpoint.write(pending[-1].base_offset)
+                # Rolled segments are now durable: recovery may skip them. The checkpoint only
+                # bounds recovery work (a stale or lost one means more scanning), so no fsync.
+                self._recovery_checkpoint.write(target, durable=False)
 
     def flush(self) -> None:
         self.flush_up_to(self.log_end_offset)
@@ -459,8 +464,8 @@ class LogTablet:
         doomed, kept = segments[:count], segments[count:]
         new_start = max(self._log_start, kept[0].base_offset)
         if new_start != self._log_start:
-            # Durable before any file goes, so a restart never sees a start below the first segment.
-            self._log_start_checkpoint.write(new_start)
+            # Not fsynced: on restart the start is at least the first remaining segment's base anyway.
+            self._log_start_checkpoint.write(new_start, durable=False)
             self._log_start = new_start
         self._view = _SegmentList.of(kept)
         for segment in doomed:
