@@ -5,6 +5,7 @@ import bisect
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,8 @@ class SegmentInfo:
     size_bytes: int
     max_timestamp: int
     path: Path
+    offset_index_path: Path
+    time_index_path: Path
     active: bool
 
 
@@ -174,7 +177,7 @@ class LogTablet:
         segments = self._view.segments
         return [
             SegmentInfo(s.base_offset, s.state.next_offset, s.state.size, s.state.max_timestamp,
-                        s.data_path, i == len(segments) - 1)
+                        s.data_path, s.offset_index.path, s.time_index.path, i == len(segments) - 1)
             for i, s in enumerate(segments)
         ]
 
@@ -320,6 +323,19 @@ class LogTablet:
         except SegmentFormatError as exc:
             raise StorageError(f"corrupt segment data at offset {offset}: {exc}") from exc
         return result
+
+    def batch_metas(self, offset: int | None = None) -> Iterator[BatchMeta]:
+        """The metadata of every batch from the one holding ``offset`` (default: the log start) to
+        the end, read from batch headers only, e.g. to rebuild producer state after a restart."""
+        view = self._view
+        offset = self._log_start if offset is None else offset
+        for segment in view.segments[view.index_of(offset):]:
+            state = segment.state
+            if state.next_offset <= offset:
+                continue
+            for header in segment.headers_from(segment.position_for_offset(offset), state):
+                if header.meta.next_offset > offset:
+                    yield header.meta
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """ListOffsets: the earliest offset whose record timestamp is >= ``timestamp_ms``, with that timestamp."""

@@ -266,3 +266,13 @@ def test_leader_epoch_of_appends_is_recorded(tmp_path):
     assert reopened.leader_epochs.entries() == [(0, 0), (3, 2)]
     assert reopened.leader_epochs.end_offset_for(0, reopened.log_end_offset) == (0, 2)
     assert reopened.leader_epochs.end_offset_for(3, reopened.log_end_offset) == (3, 6)
+
+
+def test_batch_metas_walk_headers_from_an_offset(tmp_path):
+    tablet = open_tablet(tmp_path, segment_bytes=4096)
+    written = [tablet.append(records(4, tag=i), meta(producer_id=5, base_sequence=4 * i)) for i in range(30)]
+
+    assert list(tablet.batch_metas()) == written
+    assert list(tablet.batch_metas(41)) == written[10:]
+    tablet.advance_log_start(60)
+    assert next(tablet.batch_metas()) == written[15]
