@@ -1,0 +1,70 @@
+"""consume-raw: full reads from the start of a topic of raw 100 B and 1 KB values, librdkafka and Java consumers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from benchmarks import clients
+from benchmarks.brokers import RunningBroker
+from benchmarks.workloads import MB_PER_S, RECORDS_PER_S, Case, Scale, Workload
+from benchmarks.workloads.produce_raw import VALUE_SIZES, record_count
+
+
+@dataclass(frozen=True)
+class PreparedTopics:
+    by_size: dict[int, str]
+
+
+def prepare(broker: RunningBroker, scale: Scale) -> PreparedTopics:
+    """The same data produce-raw writes (same counts, sizes, producer settings), written once."""
+    topics = {}
+    for size in VALUE_SIZES:
+        topic = clients.unique_name(f"consume-raw-{size}")
+        clients.create_topic(broker.bootstrap, topic, scale.partitions, scale.admin_timeout_s)
+        clients.produce_confluent(broker.bootstrap, topic, record_count(size, scale), size, scale.timeout_s)
+        topics[size] = topic
+    return PreparedTopics(topics)
+
+
+def _case(client: str, size: int, scale: Scale) -> Case:
+    count = record_count(size, scale)
+
+    def run(broker: RunningBroker, prepared: object) -> dict[str, float]:
+        assert isinstance(prepared, PreparedTopics)
+        topic = prepared.by_size[size]
+        if client == "confluent-kafka":
+            result = clients.consume_confluent(broker.bootstrap, topic, count, scale.partitions, scale.timeout_s)
+        else:
+            result = clients.consume_java(broker.bootstrap, topic, count, scale.timeout_s)
+        return result.figures()
+
+    return Case(f"{client}, {size} B", run)
+
+
+def cases(scale: Scale) -> list[Case]:
+    return [_case(client, size, scale) for client in ("confluent-kafka", "java")
+            for size in scale.value_sizes(client, VALUE_SIZES)]
+
+
+def settings(scale: Scale) -> dict[str, object]:
+    return {
+        "records": {f"{size} B": record_count(size, scale) for size in VALUE_SIZES},
+        "partitions": scale.partitions,
+        "consumer": "both clients' defaults (fetch.max.bytes 50 MiB, 1 MiB per partition, "
+                    "fetch wait 500 ms, fetch.min.bytes 1)",
+        "confluent-kafka": "partitions assigned directly from the beginning; timed from assign to the last record",
+        "java_tool": "org.apache.kafka.tools.ConsumerPerformance (fresh group, subscribe); "
+                     "its fetch phase: fetch.nMsg.sec, group join excluded",
+    }
+
+
+WORKLOAD = Workload(
+    name="consume-raw",
+    description="Consume throughput: the same records as produce-raw (written once per system, "
+                "not timed), read in full from offset 0 by confluent-kafka (librdkafka) and "
+                "Apache Kafka's Java consumer (ConsumerPerformance).",
+    metrics=(RECORDS_PER_S, MB_PER_S),
+    cases=cases,
+    prepare=prepare,
+    settings=settings,
+)

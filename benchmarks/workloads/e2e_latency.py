@@ -1,0 +1,154 @@
+"""e2e-latency: produce at a fixed rate, consume as it arrives; latency from the produce call to the consumer."""
+
+from __future__ import annotations
+
+import multiprocessing
+import struct
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import clients
+from benchmarks.brokers import RunningBroker
+from benchmarks.workloads import Case, Chart, Metric, Scale, Workload
+
+RATE = 5_000             # records/s
+VALUE_SIZE = 100         # bytes: an 8-byte send time, an 8-byte phase flag, padding
+# Batching delay would dominate and hide the broker: send at once, as Kafka's EndToEndLatency tool does.
+LATENCY_PRODUCER = replace(clients.PRODUCER, linger_ms=0)
+_HEAD = struct.Struct("<qq")
+_WARMUP, _MEASURED = 0, 1
+
+P50 = Metric("p50 latency", "ms", False, Chart.LATENCY)
+P99 = Metric("p99 latency", "ms", False, Chart.LATENCY)
+P999 = Metric("p99.9 latency", "ms", False, Chart.LATENCY)
+ACHIEVED_RATE = Metric("achieved rate", "records/s", True)
+
+
+def _measured_seconds(scale: Scale) -> int:
+    return scale.pick(full=30, quick=2)
+
+
+def _consume(bootstrap: str, topic: str, partitions: int, expected: int, out_path: str,
+             ready, timeout_s: float) -> None:
+    """Runs in its own process, so the producer's pacing loop never delays a receive."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    config = clients.confluent_consumer_config(bootstrap, clients.unique_name("latency")) | {
+        "fetch.wait.max.ms": 100,
+    }
+    consumer = Consumer(config)
+    consumer.assign([TopicPartition(topic, p, -2) for p in range(partitions)])
+    sent: list[np.ndarray] = []
+    received: list[np.ndarray] = []
+    count = 0
+    deadline = time.monotonic() + timeout_s
+    try:
+        while count < expected and time.monotonic() < deadline:
+            batch = consumer.consume(num_messages=10_000, timeout=0.05)
+            now = time.time_ns()
+            if not batch:
+                continue
+            ready.set()
+            batch = [m for m in batch if m.error() is None]
+            heads = np.frombuffer(b"".join(m.value()[:16] for m in batch), dtype="<i8").reshape(-1, 2)
+            measured = heads[heads[:, 1] == _MEASURED, 0]
+            sent.append(measured)
+            received.append(np.full(len(measured), now, dtype=np.int64))
+            count += len(measured)
+    finally:
+        consumer.close()
+    latencies = (np.concatenate(received) - np.concatenate(sent)) if sent else np.empty(0, np.int64)
+    np.save(out_path, latencies)
+
+
+def _run(broker: RunningBroker, scale: Scale) -> dict[str, float]:
+    from confluent_kafka import Producer
+
+    measured_count = RATE * _measured_seconds(scale)
+    timeout_s = _measured_seconds(scale) + scale.timeout_s
+    topic = clients.unique_name("e2e-latency")
+    clients.create_topic(broker.bootstrap, topic, scale.partitions, scale.admin_timeout_s)
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    with tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
+        out_path = str(Path(tmp) / "latencies.npy")
+        consumer = ctx.Process(target=_consume, args=(broker.bootstrap, topic, scale.partitions,
+                                                        measured_count, out_path, ready, timeout_s))
+        consumer.start()
+        errors: list[str] = []
+        producer = Producer(LATENCY_PRODUCER.confluent(broker.bootstrap) | {
+            "on_delivery": lambda err, _msg: errors.append(str(err)) if err else None})
+        padding = bytes(VALUE_SIZE - _HEAD.size)
+        try:
+            # Warm-up records until the consumer has seen one: connections, metadata and the
+            # first fetch are then in place before anything is measured.
+            _paced(producer, topic, padding, _WARMUP, until=lambda sent: ready.is_set() and sent >= RATE // 2,
+                   deadline=time.monotonic() + scale.timeout_s)
+            if not ready.is_set():
+                raise clients.CaseFailed(f"e2e-latency: the consumer received nothing in {scale.timeout_s:.0f} s")
+            start = time.perf_counter()
+            _paced(producer, topic, padding, _MEASURED, until=lambda sent: sent >= measured_count,
+                   deadline=time.monotonic() + timeout_s)
+            send_seconds = time.perf_counter() - start
+            producer.flush(30)
+            consumer.join(timeout_s)
+        finally:
+            if consumer.is_alive():
+                consumer.terminate()
+                consumer.join()
+            clients.delete_topic(broker.bootstrap, topic)
+        if errors:
+            raise clients.CaseFailed(f"e2e-latency: {len(errors)} delivery errors, first: {errors[0]}")
+        if not Path(out_path).exists():
+            raise clients.CaseFailed(f"e2e-latency: the consumer process failed (exit {consumer.exitcode})")
+        latencies = np.load(out_path)
+    if len(latencies) < measured_count:
+        raise clients.CaseFailed(f"e2e-latency: {len(latencies)}/{measured_count} records consumed")
+    p50, p99, p999 = np.percentile(latencies, [50, 99, 99.9]) / 1e6
+    return {P50.name: p50, P99.name: p99, P999.name: p999, ACHIEVED_RATE.name: measured_count / send_seconds}
+
+
+def _paced(producer, topic: str, padding: bytes, phase: int, until, deadline: float) -> None:
+    """Sends at RATE on a 0.5 ms tick; each record carries the wall time of its own produce call."""
+    produce, poll, pack = producer.produce, producer.poll, _HEAD.pack
+    start = time.perf_counter()
+    sent = 0
+    while not until(sent):
+        due = int((time.perf_counter() - start) * RATE) + 1
+        while sent < due and not until(sent):
+            produce(topic, pack(time.time_ns(), phase) + padding)
+            sent += 1
+        poll(0)
+        if time.monotonic() > deadline:
+            raise clients.CaseFailed(f"e2e-latency: pacing stopped after {sent} records (deadline)")
+        time.sleep(0.0005)
+
+
+def cases(scale: Scale) -> list[Case]:
+    return [Case("confluent-kafka, 100 B", lambda broker, _prepared: _run(broker, scale))]
+
+
+def settings(scale: Scale) -> dict[str, object]:
+    return {
+        "rate": RATE,
+        "value_size": VALUE_SIZE,
+        "measured_seconds": _measured_seconds(scale),
+        "partitions": scale.partitions,
+        "producer": LATENCY_PRODUCER.__dict__,
+        "consumer": "confluent-kafka in its own process, partitions assigned, fetch.wait.max.ms=100",
+    }
+
+
+WORKLOAD = Workload(
+    name="e2e-latency",
+    description=f"End-to-end latency at a fixed {RATE:,} records/s of {VALUE_SIZE} B values, acks=all, "
+                "linger.ms=0: from the producer's produce() call to the consumer (another process) "
+                "receiving the record; p50/p99/p99.9 over the measured records (warm-up excluded).",
+    metrics=(P50, P99, P999, ACHIEVED_RATE),
+    cases=cases,
+    settings=settings,
+)
