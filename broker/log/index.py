@@ -29,7 +29,6 @@ class SparseIndex:
         self._values[:count] = entries["value"]
         # Swapped as one object so a reader on another thread never sees keys and count disagree.
         self._snapshot = (self._keys, self._values, count)
-        self._fd: int | None = None
 
     @staticmethod
     def read_entries(path: Path) -> np.ndarray | None:
@@ -48,14 +47,12 @@ class SparseIndex:
         entries = np.empty(count, ENTRY_DTYPE)
         entries["key"] = keys[:count]
         entries["value"] = values[:count]
-        self.close()
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
         tmp.write_bytes(entries.tobytes())
         os.replace(tmp, self.path)
 
-    def open_for_append(self) -> None:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    def create_empty(self) -> None:
+        self.path.write_bytes(b"")
 
     def append(self, key: int, value: int) -> None:
         keys, values, count = self._snapshot
@@ -66,8 +63,13 @@ class SparseIndex:
         keys[count] = key
         values[count] = value
         self._snapshot = (keys, values, count + 1)
-        if self._fd is not None:
-            os.write(self._fd, np.array([(key, value)], ENTRY_DTYPE).tobytes())
+        # Opened per entry (one every index_interval_bytes of data) rather than held open, so
+        # a bucket costs one file descriptor, not three.
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, np.array([(key, value)], ENTRY_DTYPE).tobytes())
+        finally:
+            os.close(fd)
 
     def __len__(self) -> int:
         return self._snapshot[2]
@@ -104,24 +106,6 @@ class SparseIndex:
     def entry(self, i: int) -> tuple[int, int]:
         keys, values, _ = self._snapshot
         return int(keys[i]), int(values[i])
-
-    def flush(self) -> None:
-        if self._fd is not None:
-            os.fsync(self._fd)
-            return
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            return
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 class OffsetIndex(SparseIndex):

@@ -69,8 +69,7 @@ class LogSegment:
     def create(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> LogSegment:
         segment = cls(directory, base_offset, index_interval_bytes)
         for index in (segment.offset_index, segment.time_index):
-            index.path.unlink(missing_ok=True)
-            index.open_for_append()
+            index.create_empty()
         segment._fd = os.open(segment.data_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         return segment
 
@@ -191,8 +190,6 @@ class LogSegment:
         self.state = SegmentState(header.end, meta.next_offset, max_timestamp, first_max, state.batch_count + 1)
 
     def open_for_append(self) -> None:
-        self.offset_index.open_for_append()
-        self.time_index.open_for_append()
         if self._fd is None:
             self._fd = os.open(self.data_path, os.O_WRONLY)
 
@@ -225,7 +222,11 @@ class LogSegment:
         self._add_batch(header)
 
     def flush(self) -> None:
-        """Force the segment's data and indexes to disk (safe beside a concurrent roll)."""
+        """Force the segment's data to disk (safe beside a concurrent roll).
+
+        Indexes are not fsynced: they are checked against the data on load and rebuilt when
+        they disagree, so their durability never decides what is served.
+        """
         with self._fd_lock:
             if self._fd is not None:
                 os.fdatasync(self._fd)
@@ -238,16 +239,12 @@ class LogSegment:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-            self.offset_index.flush()
-            self.time_index.flush()
 
     def close_for_append(self) -> None:
         with self._fd_lock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
-            self.offset_index.close()
-            self.time_index.close()
 
     def delete(self) -> None:
         self.close_for_append()
