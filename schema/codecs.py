@@ -300,6 +300,8 @@ class JsonValueCodec(_SubjectCodec):
             table = None
         if table is None or table.num_rows != v.n:
             self._find_json_errors(v, start, length, errors)
+            if not errors.by_record():
+                self._find_unreadable(v, start, length, errors)
             _raise(errors, v.n)
             raise InvalidRecordError("the batch's JSON values could not be read as the table's columns",
                                      record_errors=[(i, "value could not be read as the table's columns")
@@ -336,6 +338,17 @@ class JsonValueCodec(_SubjectCodec):
             if err is not None:
                 where = ".".join(str(p) for p in err.absolute_path)
                 errors.add(np.array([i]), f"field {where!r}: {err.message}" if where else err.message)
+
+    def _find_unreadable(self, v: _Values, start: np.ndarray, length: np.ndarray, errors: DecodeErrors) -> None:
+        # Error path only: values valid for the JSON Schema that the column reader still
+        # refuses (e.g. 1.0 in an integer column); read each one alone to name it.
+        for i in range(v.n):
+            line = _json_lines(v.data, start[i:i + 1], length[i:i + 1])
+            try:
+                pa_json.read_json(io.BytesIO(line), parse_options=pa_json.ParseOptions(
+                    explicit_schema=self._read_schema, unexpected_field_behavior="error"))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                errors.add(np.array([i]), f"value cannot be read as the table's columns: {exc}")
 
     def encode(self, columns: pa.StructArray | pa.RecordBatch, schema_ids: np.ndarray) -> pa.BinaryArray:
         cols = _struct_of(columns)
