@@ -106,12 +106,14 @@ class LogTablet:
                 self._remove_segment_files(base)
                 continue
             next_base = bases[i + 1] if i + 1 < len(bases) else None
-            # Segments wholly below the recovery point were fsynced before it was written.
-            may_be_unflushed = next_base is not None and next_base > recovery_point
+            # Segments wholly below the recovery point were fsynced before it was written. The
+            # last segment's end is known only once loaded: checked again below.
+            may_be_unflushed = (next_base if next_base is not None else base + 1) > recovery_point
             segment = LogSegment.load(
                 self.directory, base, self.config.index_interval_bytes, recover=may_be_unflushed
             )
-            if segment is not None and next_base is None and segment.state.next_offset > recovery_point:
+            if (segment is not None and not may_be_unflushed
+                    and segment.state.next_offset > recovery_point):
                 may_be_unflushed = True
                 segment.recover()
             if segment is None or segment.state.batch_count == 0:

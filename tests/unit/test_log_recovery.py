@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fluvial.broker.log.tablet import RECOVERY_POINT_CHECKPOINT
+from fluvial.broker.log import FlushPolicy
 from tests.unit.test_log_support import all_rows, meta, open_tablet, records
 
 SEGMENT_BYTES = 6000
@@ -271,3 +272,30 @@ def test_kill_9_loses_nothing_that_was_flushed(tmp_path):
         assert batch.batch.drop_columns(["_offset"]).equals(
             records(1 + tag % 7, value_size=50 + (tag * 37) % 400, tag=tag)
         )
+
+
+def test_segments_written_after_the_last_flush_are_verified(tmp_path):
+    directory = tmp_path / "log"
+    tablet = open_tablet(directory, segment_bytes=4096, flush_policy=FlushPolicy.ACK)
+    for i in range(20):
+        tablet.append(records(4, value_size=100, tag=i), meta(producer_id=i))
+    tablet.flush()
+    flushed = tablet.log_end_offset
+    assert int((directory / RECOVERY_POINT_CHECKPOINT).read_text()) == flushed
+    for i in range(20, 60):  # several more segments, never flushed
+        tablet.append(records(4, value_size=100, tag=i), meta(producer_id=i))
+    segments = sorted(directory.glob("*.arrows"))
+    unflushed = [s for s in segments if int(s.stem) >= flushed]
+    assert len(unflushed) >= 3
+    # Damage a middle segment that was written after the last flush.
+    victim = unflushed[1]
+    ends = batch_ends(victim)
+    raw = bytearray(victim.read_bytes())
+    raw[ends[0] + 20] ^= 0x40  # inside its second batch
+    victim.write_bytes(bytes(raw))
+
+    reopened = open_tablet(directory, segment_bytes=4096)
+
+    first_batch = list(ipc.open_stream(victim))[0]
+    assert reopened.log_end_offset == first_batch.column("_offset")[-1].as_py() + 1
+    assert all_rows(reopened).column("_offset").to_pylist() == list(range(reopened.log_end_offset))
