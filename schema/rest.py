@@ -18,7 +18,7 @@ _REGISTRY = web.AppKey("registry", SchemaRegistry)
 
 
 def _reply(body: Any, status: int = 200) -> web.Response:
-    return web.Response(text=json.dumps(body), status=status, content_type=CONTENT_TYPE)
+    return web.Response(body=json.dumps(body).encode(), status=status, content_type=CONTENT_TYPE)
 
 
 def _error(status: int, code: int, message: str) -> web.Response:
@@ -91,7 +91,7 @@ async def schema_by_id(request: web.Request) -> web.Response:
 async def schema_text_by_id(request: web.Request) -> web.Response:
     reg = request.app[_REGISTRY]
     schema = await _run(request, reg.schema, _int(request.match_info["id"]))
-    return web.Response(text=schema.text, content_type=CONTENT_TYPE)
+    return web.Response(body=schema.text.encode(), content_type=CONTENT_TYPE)
 
 
 async def schema_id_versions(request: web.Request) -> web.Response:
@@ -146,7 +146,7 @@ async def get_version_schema(request: web.Request) -> web.Response:
     reg = request.app[_REGISTRY]
     v = await _run(request, reg.version, request.match_info["subject"], request.match_info["version"])
     schema = await _run(request, reg.schema, v.schema_id)
-    return web.Response(text=schema.text, content_type=CONTENT_TYPE)
+    return web.Response(body=schema.text.encode(), content_type=CONTENT_TYPE)
 
 
 async def delete_version(request: web.Request) -> web.Response:
