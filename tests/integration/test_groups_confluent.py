@@ -24,15 +24,24 @@ def member_main() -> None:
     """A group member: poll, record, commit; SIGTERM closes it cleanly."""
     from confluent_kafka import Consumer
 
-    bootstrap, topic, group, out_path, strategy = sys.argv[1:6]
+    bootstrap, topic, group, out_path, strategy, instance = (sys.argv[1:7] + [""])[:6]
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    consumer = Consumer({
+    config = {
         "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
         "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
         "partition.assignment.strategy": strategy, "max.poll.interval.ms": 60000,
-    })
-    consumer.subscribe([topic])
+    }
+    if instance:
+        config.update({"group.instance.id": instance, "session.timeout.ms": 15000})
+    consumer = Consumer(config)
+    events = open(out_path + ".assignments", "a")
+
+    def on_assign(_consumer, partitions):
+        events.write(" ".join(str(tp.partition) for tp in partitions) + "\n")
+        events.flush()
+
+    consumer.subscribe([topic], on_assign=on_assign)
     with open(out_path, "a") as out:
         while not stopping:
             msg = consumer.poll(0.2)
@@ -48,12 +57,18 @@ def member_main() -> None:
 
 
 class Member:
-    def __init__(self, bootstrap: str, topic: str, group: str, out: Path, strategy: str):
+    def __init__(self, bootstrap: str, topic: str, group: str, out: Path, strategy: str, instance: str = ""):
         self.out = out
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from tests.integration.test_groups_confluent import member_main; member_main()",
-             bootstrap, topic, group, str(out), strategy],
+             bootstrap, topic, group, str(out), strategy, instance],
             cwd=REPO, stderr=subprocess.DEVNULL)
+
+    def assignments(self) -> list[list[int]]:
+        path = Path(str(self.out) + ".assignments")
+        if not path.exists():
+            return []
+        return [sorted(int(p) for p in line.split()) for line in path.read_text().splitlines()]
 
     def leave(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -235,5 +250,44 @@ def test_members_ride_through_a_broker_kill(fresh_broker, tmp_path, topic_name):
         assert len(seen) - len(set(seen)) <= 12
     finally:
         for m in members:
+            if m.proc.poll() is None:
+                m.leave()
+
+
+def test_static_member_restart_does_not_rebalance(fresh_broker, tmp_path, topic_name):
+    broker = fresh_broker()
+    client = admin(broker.bootstrap)
+    create_topic(client, topic_name, 4)
+    group = f"g-{topic_name}"
+    PacedProducer(broker.bootstrap, topic_name, 0, 400, per_second=5000).run()
+    a = Member(broker.bootstrap, topic_name, group, tmp_path / "a.txt", "range", instance="inst-a")
+    b = Member(broker.bootstrap, topic_name, group, tmp_path / "b.txt", "range", instance="inst-b")
+    try:
+        before = wait_for(lambda: stable_with(client, group, 2), 40, "two static members")
+        wait_for(lambda: len(processed([a, b])) >= 400, 60, "the records processed")
+        ids_before = {m.group_instance_id: (m.member_id, sorted(tp.partition for tp in m.assignment.topic_partitions))
+                      for m in before.members}
+        b_assignments = b.assignments()
+        # a crashes and comes straight back under the same instance id.
+        a.kill9()
+        a = Member(broker.bootstrap, topic_name, group, tmp_path / "a2.txt", "range", instance="inst-a")
+        wait_for(lambda: a.assignments(), 30, "the restarted member to get its partitions")
+        after = wait_for(lambda: stable_with(client, group, 2), 30, "the group stable again")
+        ids_after = {m.group_instance_id: (m.member_id, sorted(tp.partition for tp in m.assignment.topic_partitions))
+                     for m in after.members}
+        assert ids_after["inst-a"][0] != ids_before["inst-a"][0]        # a new member id ...
+        assert ids_after["inst-a"][1] == ids_before["inst-a"][1]        # ... in the old place
+        assert ids_after["inst-b"] == ids_before["inst-b"]
+        assert a.assignments() == [ids_before["inst-a"][1]]
+        time.sleep(2)
+        assert b.assignments() == b_assignments, "the other member must not have been rebalanced"
+        # The restarted member resumed from its committed offsets: nothing new to read.
+        PacedProducer(broker.bootstrap, topic_name, 400, 40, per_second=5000).run()
+        wait_for(lambda: {f"v-{i}" for i in range(400, 440)} <= set(processed([a, b])), 30, "new records")
+        # The restarted member went on from its committed offsets (a commit in flight at the
+        # kill may make it see one record per partition again).
+        assert len([v for v in processed([a]) if int(v[2:]) < 400]) <= 2
+    finally:
+        for m in (a, b):
             if m.proc.poll() is None:
                 m.leave()
