@@ -40,6 +40,8 @@ class Broker:
         self._background: list[asyncio.Task] = []
         self.started_ms = int(time.time() * 1000)
         self.extensions: dict[str, object] = {}
+        # Ports of the other listeners, filled by their start hooks ("http_port", "flight_port").
+        self.ports: dict[str, int] = {}
         handlers.load_all()
 
     def _cluster_id(self) -> str:

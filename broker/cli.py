@@ -37,6 +37,8 @@ def add_broker_parser(sub) -> None:
     p.add_argument("--data-dir", type=Path, default=d.data_dir)
     p.add_argument("--host", default=d.host)
     p.add_argument("--kafka-port", type=int, default=d.kafka_port)
+    p.add_argument("--http-port", type=int, default=d.http_port, help="schema registry (HTTP) port; 0 = any free port")
+    p.add_argument("--flight-port", type=int, default=d.flight_port, help="table API (Arrow Flight) port; 0 = any free port")
     p.add_argument("--advertised-host", default=None, help="host name given to clients (default: --host)")
     p.add_argument("--node-id", type=int, default=d.node_id)
     p.add_argument("--auto-create-topics", choices=["true", "false"], default="true")
@@ -53,6 +55,7 @@ def add_broker_parser(sub) -> None:
 
 def config_from_args(args) -> BrokerConfig:
     return BrokerConfig(data_dir=args.data_dir, host=args.host, kafka_port=args.kafka_port,
+                        http_port=args.http_port, flight_port=args.flight_port,
                         advertised_host=args.advertised_host, node_id=args.node_id,
                         auto_create_topics=args.auto_create_topics == "true",
                         default_partitions=args.default_partitions, max_request_bytes=args.max_request_bytes,
@@ -70,7 +73,7 @@ async def run_broker(config: BrokerConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     await broker.start()
     # A line tests and scripts can wait for.
-    print(json.dumps({"event": "ready", "kafka_port": broker.kafka_port}), flush=True)
+    print(json.dumps({"event": "ready", "kafka_port": broker.kafka_port, **broker.ports}), flush=True)
     await stop.wait()
     logging.getLogger("fluvial").info("shutting down")
     await broker.stop()

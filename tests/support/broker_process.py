@@ -26,7 +26,18 @@ class BrokerProcess:
         self.port = port or free_port()
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen | None = None
+        self.ports: dict = {}
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-broker.log"
+
+    @property
+    def http_url(self) -> str:
+        """The schema registry's base URL."""
+        return f"http://127.0.0.1:{self.ports['http_port']}"
+
+    @property
+    def flight_url(self) -> str:
+        """The table API's Arrow Flight location."""
+        return f"grpc://127.0.0.1:{self.ports['flight_port']}"
 
     @property
     def bootstrap(self) -> str:
@@ -34,7 +45,7 @@ class BrokerProcess:
 
     def start(self, timeout: float = 30.0) -> "BrokerProcess":
         cmd = [sys.executable, "-m", "fluvial.broker", "broker", "--data-dir", str(self.data_dir),
-               "--kafka-port", str(self.port), "--log-format", "text", *self.extra_args]
+               "--kafka-port", str(self.port), "--http-port", "0", "--flight-port", "0", "--log-format", "text", *self.extra_args]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         ready = threading.Event()
@@ -42,7 +53,9 @@ class BrokerProcess:
         def watch():
             for line in self.proc.stdout:
                 try:
-                    if json.loads(line).get("event") == "ready":
+                    event = json.loads(line)
+                    if event.get("event") == "ready":
+                        self.ports = event
                         ready.set()
                 except ValueError:
                     pass
