@@ -25,6 +25,7 @@ from fluvial.broker.log.segment_format import (
 DATA_SUFFIX = ".arrows"
 OFFSET_INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+_HEADER_CACHE_ENTRIES = 4096
 
 
 def segment_name(base_offset: int) -> str:
@@ -61,6 +62,9 @@ class LogSegment:
         self._fd_lock = threading.Lock()
         self._map: pa.Buffer | None = None
         self._map_lock = threading.Lock()
+        # Parsed headers by file position: batches never change once visible, and fetches
+        # of recent data (tailing consumers) read the same few batches again and again.
+        self._headers: dict[int, BatchHeader] = {}
         self.deleted = False
 
     # -- creation and loading -------------------------------------------------------------
@@ -218,8 +222,9 @@ class LogSegment:
                 written += n
                 rest = rest[n:]
         batch_position = start + (len(encoded.schema_message) if start == 0 else 0)
-        header = BatchHeader(batch_position, len(encoded.header), encoded.body.size, meta, 0, 0)
+        header = BatchHeader(batch_position, len(encoded.header), encoded.body.size, meta, -1, -1)
         self._add_batch(header)
+        self._remember(header)
 
     def flush(self) -> None:
         """Force the segment's data to disk (safe beside a concurrent roll).
@@ -276,10 +281,19 @@ class LogSegment:
     def headers_from(self, position: int, state: SegmentState) -> Iterator[BatchHeader]:
         """Headers of the batches from ``position`` to the end visible in ``state``."""
         view = memoryview(self._mapped(state.size))
+        headers = self._headers
         while position < state.size:
-            header = parse_batch_header(view, position, state.size)
+            header = headers.get(position)
+            if header is None:
+                header = parse_batch_header(view, position, state.size)
+                self._remember(header)
             yield header
             position = header.end
+
+    def _remember(self, header: BatchHeader) -> None:
+        if len(self._headers) >= _HEADER_CACHE_ENTRIES:
+            self._headers = {}
+        self._headers[header.position] = header
 
     def position_for_offset(self, offset: int) -> int:
         """File position of an indexed batch at or before the one holding ``offset``."""

@@ -52,7 +52,7 @@ class BatchHeader:
     header_length: int  # the 8-byte prefix plus the flatbuffer metadata
     body_length: int
     meta: BatchMeta
-    crc: int
+    crc: int  # -1 (with crc_at) when built by the writer rather than parsed
     crc_at: int  # where the checksum text starts, relative to position
 
     @property
