@@ -13,6 +13,7 @@ from fluvial.schema.errors import UnsupportedSchemaError
 # Field metadata that keeps what Arrow has no type for, so Arrow -> Avro gives the schema back.
 META_ENUM = b"avro.enum"          # JSON {"name": ..., "symbols": [...]}
 META_FIXED = b"avro.fixed"        # full name of the fixed type
+META_FIXED_SIZE = b"avro.fixed.size"  # size of a fixed holding a decimal
 META_UUID = b"logicalType"        # b"uuid" on a string column
 META_RECORD = b"avro.record"      # full name of a nested record type
 META_UNION = b"avro.union"        # b"null-last" when the writer put null second
@@ -69,6 +70,7 @@ def _arrow_type(node: AvroNode, meta: dict[bytes, bytes], name: str) -> pa.DataT
     if lg == "decimal":
         if node.kind == "fixed":
             meta[META_FIXED] = node.name.encode()
+            meta[META_FIXED_SIZE] = str(node.size).encode()
         return pa.decimal128(node.precision, node.scale) if node.precision <= 38 else pa.decimal256(node.precision, node.scale)
     if lg == "date":
         return pa.date32()
@@ -133,11 +135,10 @@ def _avro_field_json(f: pa.Field, names: set[str]) -> dict:
 
 
 def _named(names: set[str], wanted: str, f_name: str, suffix: str) -> str:
-    n = wanted or f"{f_name}_{suffix}"
-    base, i = n, 1
-    while n in names:  # a second definition of the same name would be invalid Avro
-        if wanted and wanted == n and n in names:
-            return n
+    """A full name not yet defined in this schema (Avro forbids defining a name twice)."""
+    n = base = wanted or f"{f_name}_{suffix}"
+    i = 1
+    while n in names:
         i += 1
         n = f"{base}{i}"
     names.add(n)
@@ -176,7 +177,9 @@ def _avro_type_json(t: pa.DataType, meta: dict, name: str, names: set[str]) -> A
     if pa.types.is_decimal(t):
         if META_FIXED in meta:
             full = meta[META_FIXED].decode()
-            size = 16 if t.bit_width == 128 else 32
+            if full in names:
+                return full
+            size = int(meta.get(META_FIXED_SIZE, b"16" if t.bit_width == 128 else b"32"))
             return {"type": "fixed", "name": _named(names, full, name, "decimal"), "size": size,
                     "logicalType": "decimal", "precision": t.precision, "scale": t.scale}
         return {"type": "bytes", "logicalType": "decimal", "precision": t.precision, "scale": t.scale}

@@ -194,7 +194,8 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _binary_from(offsets: np.ndarray, body: np.ndarray, typ: pa.DataType = pa.binary()) -> pa.Array:
+def binary_from_buffers(offsets: np.ndarray, body: np.ndarray, typ: pa.DataType = pa.binary()) -> pa.Array:
+    """A binary (or string) array over int32 offsets and a byte buffer, without copying."""
     n = offsets.size - 1
     return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(offsets), pa.py_buffer(body)])
 
@@ -229,13 +230,13 @@ def _decode(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
     if k in ("bytes", "string"):
         offsets, body = cur.read_blobs(path, k)
         if k == "bytes":
-            return _binary_from(offsets, body)
-        arr = _binary_from(offsets, body, pa.string())
+            return binary_from_buffers(offsets, body)
+        arr = binary_from_buffers(offsets, body, pa.string())
         try:
             arr.validate(full=True)
         except pa.ArrowInvalid:
             _fail_bad_utf8(cur, offsets, body, path)
-            arr = _binary_from(np.zeros(n + 1, np.int32), np.zeros(0, np.uint8), pa.string())
+            arr = binary_from_buffers(np.zeros(n + 1, np.int32), np.zeros(0, np.uint8), pa.string())
         return arr
     if k == "fixed":
         start = cur.take(node.size, path, f"fixed({node.size})")
@@ -311,7 +312,7 @@ def _decode_repeated(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
         sub = cur.sub(active)
         if node.kind == "map":
             k_off, k_body = sub.read_blobs(item_path, "map key")
-            keys_parts.append(_binary_from(k_off, k_body, pa.string()))
+            keys_parts.append(binary_from_buffers(k_off, k_body, pa.string()))
         item_parts.append(_decode(item_node, sub, item_path))
         cur.merge(sub, active)
         slots.append(offsets[:-1][active] + j)
@@ -383,7 +384,7 @@ def encode_varints(v: np.ndarray) -> pa.Array:
     zz = ((v << 1) ^ (v >> 63)).view(np.uint64)
     n = zz.size
     if n == 0 or zz.max() < 128:
-        return _binary_from(np.arange(n + 1, dtype=np.int32), zz.astype(np.uint8))
+        return binary_from_buffers(np.arange(n + 1, dtype=np.int32), zz.astype(np.uint8))
     ln = np.ones(n, np.int64)
     for k in range(1, 10):
         ln += zz >= (np.uint64(1) << np.uint64(7 * k))
@@ -392,7 +393,7 @@ def encode_varints(v: np.ndarray) -> pa.Array:
     body = m[_K10[None, :] < ln[:, None]]
     offsets = np.zeros(n + 1, np.int32)
     np.cumsum(ln, out=offsets[1:])
-    return _binary_from(offsets, body)
+    return binary_from_buffers(offsets, body)
 
 
 def _fixed_width(arr: pa.Array, dtype: str) -> np.ndarray:
@@ -405,7 +406,7 @@ def _fixed_width(arr: pa.Array, dtype: str) -> np.ndarray:
 def _fixed_bytes(values: np.ndarray, width: int) -> pa.Array:
     raw = np.ascontiguousarray(values).view(np.uint8)
     n = raw.size // width
-    return _binary_from(np.arange(0, (n + 1) * width, width, dtype=np.int32), raw)
+    return binary_from_buffers(np.arange(0, (n + 1) * width, width, dtype=np.int32), raw)
 
 
 def _join_rows(parts: list[pa.Array], n: int) -> pa.Array:
@@ -433,7 +434,7 @@ def encode_avro(node: AvroNode, arr: pa.Array) -> pa.Array:
         nb = node.null_branch
         is_null = arr.is_null().to_numpy(zero_copy_only=False)
         branch = np.where(is_null, nb, 1 - nb).astype(np.uint8) * 2  # zigzag of 0 and 1
-        head = _binary_from(np.arange(n + 1, dtype=np.int32), branch)
+        head = binary_from_buffers(np.arange(n + 1, dtype=np.int32), branch)
         if is_null.all():
             return head
         body = encode_avro(inner, arr)
@@ -446,7 +447,7 @@ def encode_avro(node: AvroNode, arr: pa.Array) -> pa.Array:
         return pa.array([b""] * n, pa.binary())
     if k == "boolean":
         b = arr.cast(pa.bool_()).fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint8)
-        return _binary_from(np.arange(n + 1, dtype=np.int32), b)
+        return binary_from_buffers(np.arange(n + 1, dtype=np.int32), b)
     if k in ("int", "long"):
         return encode_varints(_as_int64(arr))
     if k in ("float", "double"):
@@ -523,7 +524,7 @@ def _encode_repeated(node: AvroNode, arr: pa.Array) -> pa.Array:
         keep = np.repeat(~arr.is_null().to_numpy(zero_copy_only=False), np.diff(off))
         items = items.filter(pa.array(keep))
     joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(rel), items), _EMPTY)
-    tail = _binary_from(np.arange(n + 1, dtype=np.int32), np.zeros(n, np.uint8))
+    tail = binary_from_buffers(np.arange(n + 1, dtype=np.int32), np.zeros(n, np.uint8))
     has = counts > 0
     if not has.all():
         tail = pc.if_else(pa.array(has), tail, _EMPTY)
@@ -540,7 +541,7 @@ def _encode_decimal(node: AvroNode, arr: pa.Array) -> pa.Array:
     be = raw[:, ::-1]
     if node.kind == "fixed":
         size = node.size
-        return _binary_from(np.arange(0, (n + 1) * size, size, dtype=np.int32), np.ascontiguousarray(be[:, width - size:]))
+        return binary_from_buffers(np.arange(0, (n + 1) * size, size, dtype=np.int32), np.ascontiguousarray(be[:, width - size:]))
     # Minimal two's complement: drop leading sign bytes while the next byte keeps the sign bit.
     sign = np.where(be[:, 0] >= 0x80, np.uint8(0xFF), np.uint8(0))
     lead = be == sign[:, None]
@@ -553,4 +554,4 @@ def _encode_decimal(node: AvroNode, arr: pa.Array) -> pa.Array:
     body = be[np.arange(width)[None, :] >= start[:, None]]
     offsets = np.zeros(n + 1, np.int32)
     np.cumsum(ln, out=offsets[1:])
-    return pc.binary_join_element_wise(encode_varints(ln), _binary_from(offsets, np.ascontiguousarray(body)), _EMPTY)
+    return pc.binary_join_element_wise(encode_varints(ln), binary_from_buffers(offsets, np.ascontiguousarray(body)), _EMPTY)

@@ -21,7 +21,7 @@ import pyarrow.json as pa_json
 
 from fluvial.errors import InvalidRecordError
 from fluvial.schema.arrow_mapping import arrow_to_json_schema
-from fluvial.schema.avro_binary import DecodeErrors, _binary_from, decode_avro, encode_avro, pad
+from fluvial.schema.avro_binary import DecodeErrors, binary_from_buffers, decode_avro, encode_avro, pad
 from fluvial.schema.compatibility import arrow_can_evolve
 from fluvial.schema.errors import SchemaNotFoundError, UnsupportedSchemaError
 from fluvial.schema.evolution import evolve_array
@@ -364,7 +364,7 @@ class JsonValueCodec(_SubjectCodec):
         # Each line keeps its newline; drop it by building values over [start, end - 1).
         lengths = np.diff(offsets) - 1
         body_idx = np.repeat(offsets[:-1] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
-        body = _binary_from(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32), data[body_idx])
+        body = binary_from_buffers(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32), data[body_idx])
         ids = np.asarray(schema_ids)
         framed = ids != NO_SCHEMA_ID
         if framed.any():
@@ -409,14 +409,27 @@ def _json_read_field(f: pa.Field) -> pa.Field:
     return pa.field(f.name, t, True)
 
 
+def _has_date(t: pa.DataType) -> bool:
+    if pa.types.is_date32(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_has_date(f.type) for f in t)
+    return pa.types.is_list(t) and _has_date(t.value_type)
+
+
 def _cast_json(arr: pa.Array, f: pa.Field, errors: DecodeErrors, rows: np.ndarray, path: str) -> pa.Array:
+    """The reader's columns in the table's types: date texts become dates (records with
+    other texts are refused), struct and list types take the table's nullability."""
     t = f.type
     if pa.types.is_date32(t):
         try:
             return pc.cast(arr, pa.date32())
         except pa.ArrowInvalid:
-            ok = pc.match_substring_regex(arr, r"^\d{4}-\d{2}-\d{2}$").fill_null(True).to_numpy(zero_copy_only=False)
-            errors.add(rows[~ok] if rows.size == len(arr) else rows[:0], f"field {path!r}: not a date (YYYY-MM-DD)")
+            if rows.size == len(arr):
+                ok = _date_texts(arr)
+                errors.add(rows[~ok], f"field {path!r}: not a date (YYYY-MM-DD)")
+            else:  # dates inside lists: name every record of the batch
+                errors.add(np.arange(errors.first.size), f"field {path!r}: not a date (YYYY-MM-DD)")
             return pa.nulls(len(arr), pa.date32())
     if pa.types.is_struct(t):
         children = [
@@ -424,13 +437,24 @@ def _cast_json(arr: pa.Array, f: pa.Field, errors: DecodeErrors, rows: np.ndarra
             for i in range(t.num_fields)
         ]
         return pa.StructArray.from_arrays(children, fields=list(t), mask=arr.is_null() if arr.null_count else None)
-    if pa.types.is_list(t) and pa.types.is_date32(t.value_type) or (pa.types.is_list(t) and pa.types.is_struct(t.value_type)):
+    if pa.types.is_list(t) and _has_date(t.value_type):
         values = _cast_json(arr.flatten(), t.value_field, errors, np.zeros(0, np.int64), f"{path}[]")
-        offsets = pa.array(np.concatenate([[0], np.cumsum(pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False))]).astype(np.int32))
+        lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
         return pa.ListArray.from_arrays(offsets, values, type=t, mask=arr.is_null() if arr.null_count else None)
-    if arr.type != t:
-        return arr.cast(t)
-    return arr
+    return arr if arr.type == t else arr.cast(t)
+
+
+def _date_texts(arr: pa.Array) -> np.ndarray:
+    """Which texts parse as dates (nulls count as fine: the required check names them)."""
+    ok = np.ones(len(arr), bool)
+    for i, text in enumerate(arr.to_pylist()):  # error path only
+        if text is not None:
+            try:
+                pc.cast(pa.array([text]), pa.date32())
+            except pa.ArrowInvalid:
+                ok[i] = False
+    return ok
 
 
 def _required(arr: pa.Array, t: pa.DataType, present: np.ndarray, errors: DecodeErrors, path: str) -> None:

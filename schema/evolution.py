@@ -89,10 +89,9 @@ def evolve_array(arr: pa.Array, field: pa.Field) -> pa.Array:
         return pa.ListArray.from_arrays(offsets, values, type=dst, mask=arr.is_null() if arr.null_count else None)
     if pa.types.is_map(dst) and pa.types.is_map(src):
         offsets = _list_offsets(arr)
-        flat = arr.flatten() if hasattr(arr, "flatten") else None
-        keys = flat.field(0) if flat is not None else arr.keys
-        items = evolve_array(flat.field(1), dst.item_field)
-        return pa.MapArray.from_arrays(offsets, keys, items, type=dst)
+        entries = arr.flatten()  # the map's entries (key, value) of its rows, slice applied
+        items = evolve_array(entries.field(1), dst.item_field)
+        return pa.MapArray.from_arrays(offsets, entries.field(0), items, type=dst)
     if can_widen(src, dst):
         return pc.cast(arr, dst)
     if pa.types.is_timestamp(src) and pa.types.is_timestamp(dst) and src.tz == dst.tz:

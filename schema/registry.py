@@ -50,6 +50,10 @@ class Schema:
             return avro_to_arrow(self.avro)
         return json_schema_to_arrow(self.json)
 
+    def same_as(self, other: "Schema") -> bool:
+        """The same schema, whatever its spelling (whitespace, key order)."""
+        return self.schema_type is other.schema_type and self.canonical == other.canonical
+
     def can_read(self, writer: "Schema") -> list[str]:
         """Problems of reading data written with `writer` using this schema."""
         if writer.schema_type is not self.schema_type:
@@ -169,7 +173,7 @@ class SchemaRegistry:
         """The version of `subject` holding this schema (POST /subjects/{subject})."""
         vs = self.versions(subject, include_deleted)
         for x in vs:
-            if self.schema(x.schema_id).canonical == schema.canonical and self.schema(x.schema_id).schema_type is schema.schema_type:
+            if self.schema(x.schema_id).same_as(schema):
                 return x
         raise SchemaNotFoundError("Schema not found")
 
@@ -179,8 +183,7 @@ class SchemaRegistry:
         with self._lock:
             live = self.store.versions(subject)
             for x in live:
-                existing = self.schema(x.schema_id)
-                if existing.canonical == schema.canonical and existing.schema_type is schema.schema_type:
+                if self.schema(x.schema_id).same_as(schema):
                     return x.schema_id, x.version
             previous = [self.schema(x.schema_id) for x in live]
             problems = check_modes(self.compatibility(subject), schema, previous, lambda r, w: r.can_read(w))

@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from fluvial.schema.errors import RegistryError, SchemaNotFoundError
+from fluvial.schema.errors import InvalidSchemaError, RegistryError, SchemaNotFoundError
 from fluvial.schema.registry import Schema, SchemaRegistry, SchemaType, parse_schema
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
@@ -55,7 +55,6 @@ async def _body_schema(request: web.Request) -> Schema:
     except ValueError:
         raise web.HTTPBadRequest(reason="Malformed JSON")
     if not isinstance(body, dict) or "schema" not in body:
-        from fluvial.schema.errors import InvalidSchemaError
         raise InvalidSchemaError("Empty schema")
     return parse_schema(body["schema"], body.get("schemaType"), body.get("references"))
 

@@ -395,3 +395,12 @@ def without_added_nulls(got, sent):
     if isinstance(got, dict) and isinstance(sent, dict):
         return {k: without_added_nulls(v, sent.get(k)) for k, v in got.items() if k in sent or v is not None}
     return got
+
+
+def test_json_date_that_is_not_a_date_is_named(registry):
+    register(registry, "j-value", JSON_SCHEMA, "JSON")
+    codec = value_codec(registry, "j")
+    with pytest.raises(InvalidRecordError) as info:
+        codec.decode(pa.array([b'{"id": 1, "name": "a", "day": "2024-01-02"}',
+                               b'{"id": 2, "name": "b", "day": "yesterday"}'], pa.binary()))
+    assert info.value.record_errors == [(1, "field 'day': not a date (YYYY-MM-DD)")]

@@ -141,3 +141,9 @@ def test_json_schema_without_column_type_is_refused():
         json_schema_to_arrow({"type": "object", "properties": {"f": {"type": ["integer", "string"]}}})
     with pytest.raises(UnsupportedSchemaError):
         json_schema_to_arrow({"type": "array"})
+
+
+def test_decimal_on_fixed_keeps_its_size():
+    s = record({"type": "fixed", "name": "D", "size": 8, "logicalType": "decimal", "precision": 18, "scale": 0})
+    assert arrow_to_avro(avro_to_arrow(s))["fields"][0]["type"] == {
+        "type": "fixed", "name": "D", "size": 8, "logicalType": "decimal", "precision": 18, "scale": 0}
