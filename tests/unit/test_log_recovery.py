@@ -101,13 +101,22 @@ def reference_rows(pristine: Path) -> pa.Table:
         return all_rows(open_tablet(copy, segment_bytes=SEGMENT_BYTES))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data(), drop_indexes=st.booleans())
-def test_any_truncation_recovers_to_a_prefix_of_whole_batches(pristine, data, drop_indexes):
+@pytest.fixture(scope="module")
+def pristine_closed(pristine, tmp_path_factory) -> Path:
+    """The same log after a clean close: every segment trusted, none verified on open."""
+    directory = tmp_path_factory.mktemp("closed") / "log"
+    shutil.copytree(pristine, directory)
+    open_tablet(directory, segment_bytes=SEGMENT_BYTES).close()
+    return directory
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), drop_indexes=st.booleans(), closed=st.booleans())
+def test_any_truncation_recovers_to_a_prefix_of_whole_batches(pristine, pristine_closed, data, drop_indexes, closed):
     reference = reference_rows(pristine)
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "log"
-        shutil.copytree(pristine, directory)
+        shutil.copytree(pristine_closed if closed else pristine, directory)
         segments = sorted(directory.glob("*.arrows"))
         damaged = data.draw(st.sampled_from(segments), label="segment")
         cut = data.draw(st.integers(0, damaged.stat().st_size), label="cut")
