@@ -185,8 +185,14 @@ class LogTablet:
 
     # -- appending ------------------------------------------------------------------------
 
-    def append(self, records: pa.RecordBatch, meta: BatchMeta, *, now_ms: int | None = None) -> BatchMeta:
-        """Append one batch at the log end; returns ``meta`` with offsets and timestamps filled."""
+    def append(
+        self, records: pa.RecordBatch, meta: BatchMeta, *, leader_epoch: int | None = None, now_ms: int | None = None
+    ) -> BatchMeta:
+        """Append one batch at the log end; returns ``meta`` with offsets and timestamps filled.
+
+        ``leader_epoch`` is the appending leader's epoch: as in Kafka it replaces the batch's
+        partition leader epoch (producers send -1) and a new epoch is recorded in the cache.
+        """
         count = records.num_rows
         if count == 0:
             raise InvalidRecordError("an appended batch must hold at least one record")
@@ -194,7 +200,7 @@ class LogTablet:
         with self._write_lock:
             self._check_open()
             base = self.log_end_offset
-            records, filled = self._stamp(records, meta, base, now_ms)
+            records, filled = self._stamp(records, meta, base, now_ms, leader_epoch)
             offsets = pa.array(np.arange(base, base + count, dtype=np.int64))
             batch = pa.RecordBatch.from_arrays([offsets, *records.columns], schema=stored_schema)
             encoded = encode_batch(batch, filled)
@@ -222,7 +228,7 @@ class LogTablet:
             return filled
 
     def _stamp(
-        self, records: pa.RecordBatch, meta: BatchMeta, base: int, now_ms: int | None
+        self, records: pa.RecordBatch, meta: BatchMeta, base: int, now_ms: int | None, leader_epoch: int | None
     ) -> tuple[pa.RecordBatch, BatchMeta]:
         """Fill the batch metadata from the rows; with LogAppendTime also rewrite the timestamps."""
         count = records.num_rows
@@ -240,9 +246,21 @@ class LogTablet:
             base_timestamp = meta.base_timestamp if meta.base_timestamp >= 0 else int(timestamps[0])
         filled = BatchMeta(
             base, count - 1, count, base_timestamp, max_timestamp, meta.producer_id, meta.producer_epoch,
-            meta.base_sequence, attributes, meta.partition_leader_epoch, meta.schema_id,
+            meta.base_sequence, attributes,
+            meta.partition_leader_epoch if leader_epoch is None else leader_epoch, meta.schema_id,
         )
         return records, filled
+
+    def start_leader_epoch(self, epoch: int) -> None:
+        """This replica leads from ``epoch`` on: the epoch starts at the current log end.
+
+        Kafka does this when a replica becomes leader, so OffsetForLeaderEpoch can answer for
+        the epoch before any batch of it is appended.
+        """
+        with self._write_lock:
+            latest = self.leader_epochs.latest_epoch
+            if latest is None or epoch > latest:
+                self.leader_epochs.assign(epoch, self.log_end_offset)
 
     def _stored_schema(self, schema: pa.Schema) -> pa.Schema:
         """The schema as stored (``_offset`` first), checked once per distinct input schema."""

@@ -276,3 +276,18 @@ def test_batch_metas_walk_headers_from_an_offset(tmp_path):
     assert list(tablet.batch_metas(41)) == written[10:]
     tablet.advance_log_start(60)
     assert next(tablet.batch_metas()) == written[15]
+
+
+def test_the_leaders_epoch_replaces_the_producers_and_starts_before_appends(tmp_path):
+    tablet = open_tablet(tmp_path)
+    tablet.start_leader_epoch(0)
+    assert tablet.leader_epochs.end_offset_for(0, tablet.log_end_offset) == (0, 0)
+    written = tablet.append(records(2), meta(partition_leader_epoch=-1), leader_epoch=0)
+    assert written.partition_leader_epoch == 0
+    assert tablet.leader_epochs.end_offset_for(0, tablet.log_end_offset) == (0, 2)
+
+    tablet.start_leader_epoch(1)
+    tablet.start_leader_epoch(1)
+    tablet.append(records(3), meta(), leader_epoch=1)
+    assert tablet.leader_epochs.entries() == [(0, 0), (1, 2)]
+    assert tablet.read(2, 100)[0].meta.partition_leader_epoch == 1
