@@ -378,6 +378,9 @@ def _decode_decimal(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
 
 # ---------------------------------------------------------------- encoding
 
+_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+
+
 def encode_varints(v: np.ndarray) -> pa.Array:
     """Zigzag varints of int64 values, one binary value per element."""
     v = v.astype(np.int64, copy=False)
@@ -385,12 +388,13 @@ def encode_varints(v: np.ndarray) -> pa.Array:
     n = zz.size
     if n == 0 or zz.max() < 128:
         return binary_from_buffers(np.arange(n + 1, dtype=np.int32), zz.astype(np.uint8))
-    ln = np.ones(n, np.int64)
-    for k in range(1, 10):
-        ln += zz >= (np.uint64(1) << np.uint64(7 * k))
-    m = ((zz[:, None] >> _SHIFT10[None, :]) & np.uint64(0x7F)).astype(np.uint8)
-    m |= np.where(_K10[None, :] < (ln[:, None] - 1), np.uint8(0x80), np.uint8(0))
-    body = m[_K10[None, :] < ln[:, None]]
+    ln = np.searchsorted(_VARINT_LIMITS, zz, side="right").astype(np.int32) + 1
+    width = int(ln.max())
+    # One row of `width` candidate bytes per value; keep the first `ln` of each.
+    groups = (zz[:, None] >> _SHIFT10[None, :width]) & np.uint64(0x7F)
+    cols = _K10[None, :width]
+    m = (groups | np.where(cols < (ln[:, None] - 1), np.uint64(0x80), np.uint64(0))).astype(np.uint8)
+    body = m[cols < ln[:, None]]
     offsets = np.zeros(n + 1, np.int32)
     np.cumsum(ln, out=offsets[1:])
     return binary_from_buffers(offsets, body)
@@ -425,61 +429,70 @@ def encode_avro(node: AvroNode, arr: pa.Array) -> pa.Array:
     """
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
+    return _join_rows(_encode_parts(node, arr), len(arr))
+
+
+def _encode_parts(node: AvroNode, arr: pa.Array) -> list[pa.Array]:
+    """The encoding as binary columns to be joined row-wise: records and strings give
+    several, so that a whole record is joined in one call."""
     n = len(arr)
     k, lg = node.kind, node.logical
     if k == "union":
         inner = node.nullable_value()
         if inner is None:
-            return encode_avro(node.branches[0], arr) if len(node.branches) == 1 else _unsupported(node)
+            return _encode_parts(node.branches[0], arr) if len(node.branches) == 1 else _unsupported(node)
         nb = node.null_branch
+        if not arr.null_count:
+            return [binary_from_buffers(np.arange(n + 1, dtype=np.int32), np.full(n, (1 - nb) * 2, np.uint8)),
+                    *_encode_parts(inner, arr)]
         is_null = arr.is_null().to_numpy(zero_copy_only=False)
         branch = np.where(is_null, nb, 1 - nb).astype(np.uint8) * 2  # zigzag of 0 and 1
         head = binary_from_buffers(np.arange(n + 1, dtype=np.int32), branch)
         if is_null.all():
-            return head
-        body = encode_avro(inner, arr)
-        if is_null.any():
-            body = pc.if_else(pa.array(is_null), _EMPTY, body)
-        return pc.binary_join_element_wise(head, body, _EMPTY)
+            return [head]
+        body = _join_rows(_encode_parts(inner, arr), n)
+        return [head, pc.if_else(pa.array(is_null), _EMPTY, body)]
     if lg == "decimal":
-        return _encode_decimal(node, arr)
+        return [_encode_decimal(node, arr)]
     if k == "null":
-        return pa.array([b""] * n, pa.binary())
+        return []
     if k == "boolean":
         b = arr.cast(pa.bool_()).fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint8)
-        return binary_from_buffers(np.arange(n + 1, dtype=np.int32), b)
+        return [binary_from_buffers(np.arange(n + 1, dtype=np.int32), b)]
     if k in ("int", "long"):
-        return encode_varints(_as_int64(arr))
+        return [encode_varints(_as_int64(arr))]
     if k in ("float", "double"):
         dt = "<f4" if k == "float" else "<f8"
         if pa.types.is_floating(arr.type) and arr.type.bit_width == np.dtype(dt).itemsize * 8:
             vals = _fixed_width(arr, dt)
         else:
             vals = arr.cast(pa.float64()).fill_null(0).to_numpy(zero_copy_only=False).astype(dt)
-        return _fixed_bytes(vals, np.dtype(dt).itemsize)
+        return [_fixed_bytes(vals, np.dtype(dt).itemsize)]
     if k in ("bytes", "string"):
         b = arr if pa.types.is_binary(arr.type) else arr.cast(pa.binary())
-        lengths = pc.binary_length(b).fill_null(0).to_numpy(zero_copy_only=False)
-        return pc.binary_join_element_wise(encode_varints(lengths), b.fill_null(b""), _EMPTY)
+        if b.null_count:
+            b = b.fill_null(b"")
+        offsets = np.frombuffer(b.buffers()[1], np.int32, n + 1, b.offset * 4)
+        return [encode_varints(np.diff(offsets)), b]
     if k == "fixed":
-        return arr.fill_null(b"\0" * node.size).cast(pa.binary())
+        return [arr.fill_null(b"\0" * node.size).cast(pa.binary())]
     if k == "enum":
         idx = pc.index_in(arr, value_set=pa.array(node.symbols, pa.string()))
         if idx.null_count > arr.null_count:
             raise ValueError(f"enum {node.name}: column holds a value that is not one of its symbols")
-        return encode_varints(idx.fill_null(0).to_numpy(zero_copy_only=False))
+        return [encode_varints(idx.fill_null(0).to_numpy(zero_copy_only=False))]
     if k == "record":
         if not pa.types.is_struct(arr.type):
             raise TypeError(f"record {node.name}: column is {arr.type}, not a struct")
         names = {arr.type.field(i).name: i for i in range(arr.type.num_fields)}
-        parts = []
+        parts: list[pa.Array] = []
         for f in node.fields:
             if f.name not in names:
                 raise KeyError(f"record {node.name}: no column for writer field {f.name!r}")
-            parts.append(encode_avro(f.type, _struct_child(arr, names[f.name])))
-        return _join_rows(parts, n)
+            parts += _encode_parts(f.type, _struct_child(arr, names[f.name]))
+        return parts
     if k in ("array", "map"):
-        return _encode_repeated(node, arr)
+        return [_encode_repeated(node, arr)]
     return _unsupported(node)
 
 
