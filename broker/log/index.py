@@ -29,6 +29,8 @@ class SparseIndex:
         self._values[:count] = entries["value"]
         # Swapped as one object so a reader on another thread never sees keys and count disagree.
         self._snapshot = (self._keys, self._values, count)
+        # Off while recovery rebuilds the index in memory; write_all() then stores it at once.
+        self.write_through = True
 
     @staticmethod
     def read_entries(path: Path) -> np.ndarray | None:
@@ -63,6 +65,8 @@ class SparseIndex:
         keys[count] = key
         values[count] = value
         self._snapshot = (keys, values, count + 1)
+        if not self.write_through:
+            return
         # Opened per entry (one every index_interval_bytes of data) rather than held open, so
         # a bucket costs one file descriptor, not three.
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from fluvial.broker.log.batch_meta import BatchMeta
@@ -123,6 +124,8 @@ class LogSegment:
         if not (
             self.offset_index.consistent_with(self.base_offset, first, size)
             and self.time_index.consistent_with(self.base_offset)
+            # Both are written in step: the same batches, so the same offsets.
+            and np.array_equal(self.time_index.values(), self.offset_index.keys())
         ):
             return False
         view = memoryview(self._mapped(size))
@@ -157,6 +160,7 @@ class LogSegment:
         view = memoryview(self._mapped(size))
         self.offset_index = OffsetIndex(self.offset_index.path)
         self.time_index = TimeIndex(self.time_index.path)
+        self.offset_index.write_through = self.time_index.write_through = False
         self._bytes_since_index = 0
         position = len(self.schema_message)
         self.state = SegmentState(position, self.base_offset, -1, -1, 0)
@@ -179,6 +183,7 @@ class LogSegment:
                 os.fsync(f.fileno())
         self.offset_index.write_all()
         self.time_index.write_all()
+        self.offset_index.write_through = self.time_index.write_through = True
 
     def _add_batch(self, header: BatchHeader) -> None:
         """Account for a batch now in the file: index entries when due, then the visible state."""

@@ -183,13 +183,14 @@ def test_corruption_in_an_older_segment_drops_everything_after_it(pristine, tmp_
     assert len(list(directory.glob("*.arrows"))) == 2
 
 
-@pytest.mark.parametrize("damage", ["delete", "garbage", "shifted", "truncated"])
+@pytest.mark.parametrize("damage", ["delete", "garbage", "shifted", "truncated", "time_index_lost_entries"])
 def test_bad_or_missing_indexes_are_rebuilt_after_a_clean_close(pristine, tmp_path, damage):
     directory = tmp_path / "log"
     shutil.copytree(pristine, directory)
     reference = reference_rows(pristine)
     closing = open_tablet(directory, segment_bytes=SEGMENT_BYTES, index_interval_bytes=700)
     expected_lookup = closing.offset_for_timestamp(1_700_000_000_003)
+    expected_max = closing.max_timestamp()
     closing.close()
     rng = np.random.default_rng(3)
     for index in sorted(directory.glob("*index")):
@@ -198,6 +199,9 @@ def test_bad_or_missing_indexes_are_rebuilt_after_a_clean_close(pristine, tmp_pa
             index.unlink()
         elif damage == "garbage":
             index.write_bytes(rng.bytes(len(raw)))
+        elif damage == "time_index_lost_entries":
+            if index.suffix == ".timeindex":
+                index.write_bytes(raw[:16])  # whole entries, sorted: only the offsets tell
         elif damage == "shifted":
             entries = np.frombuffer(raw, dtype="<i8").copy()
             entries[1::2] += 8  # every position/offset now points into the middle of something
@@ -209,6 +213,11 @@ def test_bad_or_missing_indexes_are_rebuilt_after_a_clean_close(pristine, tmp_pa
 
     assert all_rows(tablet).equals(reference)
     assert tablet.offset_for_timestamp(1_700_000_000_003) == expected_lookup
+    assert tablet.max_timestamp() == expected_max
+    assert [i.max_timestamp for i in tablet.segment_infos()] == [
+        max(b.column("_timestamp").cast(pa.int64()).to_pylist()) for b in
+        (pa.Table.from_batches(list(ipc.open_stream(p))) for p in sorted(directory.glob("*.arrows")))
+    ]
     for offset in range(0, tablet.log_end_offset, 7):
         assert tablet.read(offset, 1)[0].meta.base_offset <= offset < tablet.read(offset, 1)[0].meta.next_offset
 
