@@ -85,9 +85,17 @@ class _Cursor:
         if n == 0:
             return np.zeros(0, np.int64)
         b = self.data[p]
+        going = np.flatnonzero(b & 0x80)
+        if not going.size:  # every varint is one byte: the common case of small values
+            over = p >= self.end
+            if over.any():
+                self.fail(over, f"field {path!r}: value ends inside a varint ({what})")
+                b = np.where(over, np.uint8(0), b)
+            self.pos += ~over
+            v = b.astype(np.int64)
+            return (v >> 1) ^ -(v & 1)
         zz = (b & 0x7F).astype(np.uint64)
         ln = np.ones(n, np.int64)
-        going = np.flatnonzero(b & 0x80)
         # One step per byte position, over the records whose varint is still going: most
         # varints are 1-3 bytes, so this touches far fewer bytes than a 10-wide matrix.
         for k in range(1, 10):
