@@ -206,22 +206,23 @@ class LogTablet:
             encoded = encode_batch(batch, filled)
             view = self._view
             active = view.segments[-1] if view.segments else None
-            if active is None or self._should_roll(active, encoded, filled):
-                if active is not None:
-                    active.close_for_append()
-                active = LogSegment.create(self.directory, base, self.config.index_interval_bytes)
-                self._directory_dirty = True
-                try:
+            try:
+                if active is None or self._should_roll(active, encoded, filled):
+                    rolled = LogSegment.create(self.directory, base, self.config.index_interval_bytes)
+                    self._directory_dirty = True
+                    try:
+                        rolled.append(encoded, filled)
+                    except OSError:
+                        rolled.delete()
+                        raise
+                    self._view = _SegmentList.of(view.segments + (rolled,))
+                    # Closed only now, so a failed roll leaves the old segment writable.
+                    if active is not None:
+                        active.close_for_append()
+                else:
                     active.append(encoded, filled)
-                except OSError as exc:
-                    active.delete()
-                    raise StorageError(f"cannot write segment: {exc}") from exc
-                self._view = _SegmentList.of(view.segments + (active,))
-            else:
-                try:
-                    active.append(encoded, filled)
-                except OSError as exc:
-                    raise StorageError(f"cannot write segment: {exc}") from exc
+            except OSError as exc:
+                raise StorageError(f"cannot write to the log of {self.directory}: {exc}") from exc
             latest = self.leader_epochs.latest_epoch
             if filled.partition_leader_epoch >= 0 and (latest is None or filled.partition_leader_epoch > latest):
                 self.leader_epochs.assign(filled.partition_leader_epoch, base)
@@ -242,7 +243,7 @@ class LogTablet:
             attributes |= ATTR_LOG_APPEND_TIME
         else:
             timestamps = _as_int64(records.column(TIMESTAMP_COLUMN))
-            low, max_timestamp = (int(timestamps.min()), int(timestamps.max())) if len(timestamps) else (-1, -1)
+            max_timestamp = int(timestamps.max())
             base_timestamp = meta.base_timestamp if meta.base_timestamp >= 0 else int(timestamps[0])
         filled = BatchMeta(
             base, count - 1, count, base_timestamp, max_timestamp, meta.producer_id, meta.producer_epoch,
