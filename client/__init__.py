@@ -1,1 +1,19 @@
-"""Native Python client for the table API."""
+"""Native Python client for Fluvial's table API: projected, filtered, parallel scans; follow; append.
+
+>>> import fluvial.client as fc
+>>> client = fc.connect("grpc://127.0.0.1:8815")
+>>> t = client.table("orders")
+>>> t.scan(columns=["id", "amount"], filter=[("amount", ">=", 100)]).to_arrow()
+"""
+from fluvial.client.client import BucketOffsets, Client, Scan, Table, TableInfo, connect
+from fluvial.client.errors import (
+    BrokerUnavailableError, FluvialError, InvalidRecordError, InvalidRequestError, InvalidTableError,
+    OffsetOutOfRangeError, SchemaMismatchError, TableExistsError, UnknownColumnError, UnknownTableError,
+)
+from fluvial.client.wire import Appended, ScanStats
+
+__all__ = [
+    "Appended", "BrokerUnavailableError", "BucketOffsets", "Client", "FluvialError", "InvalidRecordError",
+    "InvalidRequestError", "InvalidTableError", "OffsetOutOfRangeError", "Scan", "ScanStats", "SchemaMismatchError",
+    "Table", "TableExistsError", "TableInfo", "UnknownColumnError", "UnknownTableError", "connect",
+]

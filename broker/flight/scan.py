@@ -1,0 +1,306 @@
+"""Scans of one bucket: resolve offsets, read stored batches, skip, filter, project, coalesce.
+
+Reads run on the Flight server's threads, straight from the log tablet (its reads are
+thread-safe and zero-copy over memory-mapped segments: the buffers of columns not asked
+for are never touched). Only the requested columns are sent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fluvial.broker.flight.catalog import BUCKET, column_field, user_schema
+from fluvial.broker.log import StoredBatch
+from fluvial.broker.tables import Bucket
+from fluvial.client.errors import UnknownColumnError
+from fluvial.client.wire import COMPARISONS, FILTER_OPS, ScanRequest, ScanStats
+from fluvial.errors import InvalidRequestError, OffsetOutOfRangeError
+
+READ_BYTES = 8 * 1024 * 1024
+# Small stored batches (one per Kafka produce) are sent together: fewer, larger messages.
+SEND_ROWS = 64 * 1024
+SEND_BYTES = 4 * 1024 * 1024
+
+_COMPARE = {"=": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal,
+            ">": pc.greater, ">=": pc.greater_equal}
+
+
+@dataclass(frozen=True)
+class Filter:
+    """One condition `column op value`; a scan's filters are AND-ed."""
+
+    column: str
+    op: str
+    value: Any  # a pa.Scalar of the column's type, a pa.Array for in/not in, None for null tests
+
+    @property
+    def plain_value(self) -> Any:
+        if isinstance(self.value, pa.Array):
+            return self.value.to_pylist()
+        return self.value.as_py() if isinstance(self.value, pa.Scalar) else self.value
+
+
+@dataclass
+class ScanPlan:
+    bucket: Bucket
+    out_schema: pa.Schema    # what the client gets
+    read_fields: list[pa.Field]  # out_schema's fields plus the filter columns
+    filters: list[Filter]
+    start: int
+    end: int | None          # exclusive; None: follow without end
+    follow: bool
+
+
+def plan_scan(bucket: Bucket, request: ScanRequest) -> ScanPlan:
+    """Check columns, filters and offsets of one bucket's scan. Raises UnknownColumnError,
+    InvalidRequestError or OffsetOutOfRangeError with the reason."""
+    table = bucket.table
+    users = user_schema(table)
+    names = users.names if request.columns is None else list(request.columns)
+    if not names:
+        raise InvalidRequestError("a scan needs at least one column")
+    if len(set(names)) != len(names):
+        raise InvalidRequestError(f"columns named twice in {names}")
+    out = pa.schema([_field(table, users, n) for n in names])
+    filters = [_filter(table, users, f) for f in request.filter]
+    if any(f.column == BUCKET for f in filters):
+        raise InvalidRequestError(f"{BUCKET} cannot be filtered on; choose the buckets to scan instead")
+    extra = [_field(table, users, c) for c in dict.fromkeys(f.column for f in filters) if c not in names]
+    start, end = resolve_offsets(bucket, request.start, request.end, request.follow)
+    read = [f for f in out if f.name != BUCKET] + extra
+    return ScanPlan(bucket, out, read, filters, start, end, request.follow)
+
+
+def _field(table, users: pa.Schema, name: str) -> pa.Field:
+    f = column_field(table, name, users)
+    if f is None:
+        raise UnknownColumnError(f"table {table.name!r} has no column {name!r}; its columns are {users.names}")
+    return f
+
+
+def _filter(table, users: pa.Schema, raw: list) -> Filter:
+    if not isinstance(raw, (list, tuple)) or len(raw) != 3:
+        raise InvalidRequestError(f"a filter is (column, op, value), not {raw!r}")
+    column, op, value = raw
+    if op not in FILTER_OPS:
+        raise InvalidRequestError(f"unknown filter operator {op!r}; use one of {list(FILTER_OPS)}")
+    field = _field(table, users, column)
+    if op in ("is_null", "not_null"):
+        return Filter(column, op, None)
+    try:
+        if op in ("in", "not in"):
+            if not isinstance(value, (list, tuple)):
+                raise InvalidRequestError(f"filter {column} {op} needs a list of values, not {value!r}")
+            return Filter(column, op, pa.array(list(value), field.type))
+        if value is None:
+            raise InvalidRequestError(f"filter {column} {op} None: use is_null / not_null")
+        return Filter(column, op, pa.scalar(value, field.type))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        raise InvalidRequestError(f"filter value {value!r} does not fit column {column!r} of type {field.type}: {exc}") \
+            from None
+
+
+def resolve_offsets(bucket: Bucket, start: Any, end: int | None, follow: bool) -> tuple[int, int | None]:
+    tablet = bucket.tablet
+    log_start, hwm = tablet.log_start_offset, tablet.high_watermark
+    where = f"bucket {bucket.index} of table {bucket.table.name!r} holds offsets [{log_start}, {hwm})"
+    if start == "earliest":
+        first = log_start
+    elif start == "latest":
+        first = hwm
+    elif isinstance(start, dict) and "timestamp" in start:
+        found = tablet.offset_for_timestamp(int(start["timestamp"]))
+        first = hwm if found is None else max(found[0], log_start)
+    elif isinstance(start, int) and not isinstance(start, bool):
+        if not log_start <= start <= hwm:
+            raise OffsetOutOfRangeError(f"start offset {start} is out of range: {where}")
+        first = start
+    else:
+        raise InvalidRequestError(f"start must be 'earliest', 'latest', an offset or a timestamp, not {start!r}")
+    if end is None:
+        return first, None if follow else hwm
+    if not isinstance(end, int) or isinstance(end, bool):
+        raise InvalidRequestError(f"end must be an offset, not {end!r}")
+    if end < first:
+        raise OffsetOutOfRangeError(f"end offset {end} is before the start offset {first}: {where}")
+    if end > hwm and not follow:
+        raise OffsetOutOfRangeError(f"end offset {end} is out of range: {where}")
+    return first, end
+
+
+# -- batch skipping -----------------------------------------------------------------------
+
+def batch_may_match(stored: StoredBatch, filters: list[Filter]) -> bool:
+    """False when the batch's per-column statistics prove no row passes the filters.
+
+    The one place batches are skipped. Batches without statistics are always read."""
+    stats = getattr(stored, "stats", None)
+    if not filters or not stats:
+        return True
+    rows = stored.meta.record_count
+    for f in filters:
+        col = _column_stats(stats, f.column)
+        if col is None:
+            continue
+        low, high, nulls = col
+        try:
+            if not _range_may_match(f, low, high, nulls, rows):
+                return False
+        except TypeError:
+            continue  # statistics of a type the value cannot be compared with: read the batch
+    return True
+
+
+def _column_stats(stats: Any, column: str) -> tuple[Any, Any, int | None] | None:
+    entry = stats.get(column) if isinstance(stats, dict) else getattr(stats, column, None)
+    if entry is None:
+        return None
+    if isinstance(entry, dict):
+        return entry.get("min"), entry.get("max"), entry.get("null_count")
+    if isinstance(entry, (tuple, list)) and len(entry) == 3:
+        return tuple(entry)
+    return getattr(entry, "min", None), getattr(entry, "max", None), getattr(entry, "null_count", None)
+
+
+def _py(v: Any) -> Any:
+    return v.as_py() if isinstance(v, pa.Scalar) else v
+
+
+def _range_may_match(f: Filter, low: Any, high: Any, nulls: int | None, rows: int) -> bool:
+    low, high = _py(low), _py(high)
+    if f.op == "is_null":
+        return nulls is None or nulls > 0
+    all_null = nulls is not None and nulls >= rows
+    if f.op == "not_null":
+        return not all_null
+    if all_null:
+        return False  # comparisons with null never hold
+    if low is None or high is None:
+        return True
+    v = f.plain_value
+    if f.op == "=":
+        return low <= v <= high
+    if f.op == "!=":
+        return not (low == high == v)
+    if f.op == "<":
+        return low < v
+    if f.op == "<=":
+        return low <= v
+    if f.op == ">":
+        return high > v
+    if f.op == ">=":
+        return high >= v
+    if f.op == "in":
+        return any(x is not None and low <= x <= high for x in v)
+    if f.op == "not in":
+        return not (low == high and low in v)
+    return True
+
+
+# -- rows ---------------------------------------------------------------------------------
+
+def filter_mask(batch: pa.RecordBatch, filters: list[Filter]) -> pa.Array:
+    """Rows passing every filter (null comparisons count as not passing)."""
+    mask = None
+    for f in filters:
+        col = batch.column(f.column)
+        if f.op in COMPARISONS:
+            m = _COMPARE[f.op](col, f.value)
+        elif f.op == "in":
+            m = pc.is_in(col, value_set=f.value)
+        elif f.op == "not in":
+            m = pc.and_(pc.invert(pc.is_in(col, value_set=f.value)), pc.is_valid(col))
+        elif f.op == "is_null":
+            m = pc.is_null(col)
+        else:
+            m = pc.is_valid(col)
+        mask = m if mask is None else pc.and_kleene(mask, m)
+    return mask
+
+
+def _read_columns(batch: pa.RecordBatch, fields: list[pa.Field]) -> pa.RecordBatch:
+    """The fields' columns of a stored batch; batches written under an earlier table schema
+    are evolved (added columns as nulls or defaults, widened types)."""
+    schema = batch.schema
+    names = [f.name for f in fields]
+    if all(schema.get_field_index(f.name) >= 0 and schema.field(f.name).type == f.type for f in fields):
+        return batch.select(names)
+    from fluvial.schema.evolution import evolve
+
+    present = [n for n in schema.names if n in names]
+    users = pa.schema([f for f in fields if not f.name.startswith("_")])
+    return evolve(batch.select(present), users).select(names)
+
+
+def _output(batch: pa.RecordBatch, plan: ScanPlan) -> pa.RecordBatch:
+    columns = []
+    for f in plan.out_schema:
+        if f.name == BUCKET:
+            columns.append(pa.array(np.full(batch.num_rows, plan.bucket.index, dtype=np.int32)))
+        else:
+            columns.append(batch.column(f.name))
+    return pa.RecordBatch.from_arrays(columns, schema=plan.out_schema)
+
+
+def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int], None] | None = None,
+                cancelled: Callable[[], bool] = lambda: False) -> Iterator[pa.RecordBatch]:
+    """The plan's rows as batches of `plan.out_schema`. Following, it waits with
+    `wait_for_data(offset)` at the log end until `cancelled()`."""
+    tablet = plan.bucket.tablet
+    offset = plan.start
+    pending: list[pa.RecordBatch] = []
+    pending_rows = pending_bytes = 0
+
+    def flush() -> Iterator[pa.RecordBatch]:
+        nonlocal pending, pending_rows, pending_bytes
+        if pending:
+            batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+            pending, pending_rows, pending_bytes = [], 0, 0
+            stats.rows_sent += batch.num_rows
+            stats.bytes_sent += pa.ipc.get_record_batch_size(batch)
+            yield batch
+
+    while not cancelled():
+        if plan.end is not None and offset >= plan.end:
+            break
+        stored = tablet.read(offset, READ_BYTES, max_offset=plan.end)
+        if not stored:
+            yield from flush()
+            if not plan.follow:
+                break
+            if wait_for_data is not None:
+                wait_for_data(offset)
+            continue
+        for sb in stored:
+            stats.batches_read += 1
+            meta = sb.meta
+            if not batch_may_match(sb, plan.filters):
+                stats.batches_skipped += 1
+                offset = meta.next_offset
+                continue
+            batch = sb.batch
+            lo = max(offset - meta.base_offset, 0)
+            hi = meta.record_count if plan.end is None else min(plan.end - meta.base_offset, meta.record_count)
+            if lo > 0 or hi < meta.record_count:
+                batch = batch.slice(lo, hi - lo)
+            offset = meta.base_offset + hi
+            stats.rows_read += batch.num_rows
+            batch = _read_columns(batch, plan.read_fields)
+            if plan.filters:
+                batch = batch.filter(filter_mask(batch, plan.filters))
+            if batch.num_rows == 0:
+                continue
+            batch = _output(batch, plan)
+            pending.append(batch)
+            pending_rows += batch.num_rows
+            pending_bytes += batch.nbytes
+            if pending_rows >= SEND_ROWS or pending_bytes >= SEND_BYTES:
+                yield from flush()
+        if plan.follow:
+            yield from flush()  # a follower wants rows as soon as they are there
+    yield from flush()
+    stats.end_offset = offset

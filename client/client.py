@@ -1,0 +1,361 @@
+"""The native client of Fluvial's table API (Arrow Flight): tables, projected scans, follow, append."""
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from fluvial.client.errors import from_flight
+from fluvial.client.wire import (
+    CREATE_TABLE, DESCRIBE, DROP_TABLE, LIST_TABLES, OFFSETS, Appended, AppendRequest, ScanRequest, ScanStats,
+    schema_from_b64, schema_to_b64,
+)
+
+# Rows per appended message: large enough to amortize a round trip, small enough to stream.
+APPEND_BYTES = 8 * 1024 * 1024
+
+
+def _typed_errors(fn):
+    """Flight errors leave the client as Fluvial's typed errors."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except flight.FlightError as exc:
+            raise from_flight(exc) from None
+    return wrapper
+
+
+def connect(url: str = "grpc://127.0.0.1:8815") -> "Client":
+    """Connect to a broker's table API.
+
+    >>> client = connect("grpc://127.0.0.1:8815")
+    >>> client.list_tables()
+    ['orders', 'clicks']
+    """
+    return Client(url)
+
+
+@dataclass(frozen=True)
+class BucketOffsets:
+    bucket: int
+    log_start: int
+    high_watermark: int
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """A table as the broker describes it."""
+
+    name: str
+    kind: str
+    buckets: int
+    primary_key: list[str] | None
+    kafka_format: str
+    schema: pa.Schema
+    offsets: list[BucketOffsets]
+    configs: dict[str, str]
+
+    @classmethod
+    def from_json(cls, body: dict) -> "TableInfo":
+        return cls(body["name"], body["kind"], body["buckets"], body.get("primary_key"), body["kafka_format"],
+                   schema_from_b64(body["schema"]), [BucketOffsets(**o) for o in body["offsets"]],
+                   body.get("configs", {}))
+
+
+class Client:
+    """A connection to one broker's table API. Thread-safe; close it (or use `with`) when done."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._flight = flight.FlightClient(url)
+
+    def close(self) -> None:
+        self._flight.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @_typed_errors
+    def _action(self, kind: str, body: dict | None = None) -> Any:
+        results = list(self._flight.do_action(flight.Action(kind, json.dumps(body or {}).encode())))
+        return json.loads(results[0].body.to_pybytes()) if results else None
+
+    def list_tables(self) -> list[str]:
+        """Names of all tables, sorted."""
+        return [t["name"] for t in self._action(LIST_TABLES)]
+
+    def describe(self, name: str) -> TableInfo:
+        """Schema (with field ids), kind, buckets, formats and offsets of a table."""
+        return TableInfo.from_json(self._action(DESCRIBE, {"table": name}))
+
+    def create_table(self, name: str, schema: pa.Schema | None = None, *, buckets: int = 1,
+                     kafka_format: str | None = None, configs: dict[str, str] | None = None) -> "Table":
+        """Create a log table. With `schema` (the user columns) its rows are typed; Kafka
+        clients see each row as a compact JSON object (`kafka_format="json"`, the default)
+        or as Avro (`"avro"`, schema derived from the Arrow one and registered under
+        `<name>-value`). Without a schema the table is raw: one binary column `value`.
+
+        >>> orders = client.create_table("orders", pa.schema([("id", pa.int64()), ("amount", pa.float64())]),
+        ...                              buckets=3)
+        """
+        body = {"table": name, "schema": schema_to_b64(schema) if schema is not None else None,
+                "buckets": buckets, "kafka_format": kafka_format, "configs": configs or {}}
+        return Table(self, TableInfo.from_json(self._action(CREATE_TABLE, body)))
+
+    def drop_table(self, name: str) -> None:
+        self._action(DROP_TABLE, {"table": name})
+
+    def table(self, name: str) -> "Table":
+        """A handle on an existing table (raises UnknownTableError)."""
+        return Table(self, self.describe(name))
+
+
+class Table:
+    """One table: its schema, offsets, scans and appends."""
+
+    def __init__(self, client: Client, info: TableInfo):
+        self.client = client
+        self.name = info.name
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"Table({self.name!r}, buckets={self.info.buckets})"
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The user columns (field ids in each field's metadata `fluvial.field_id`)."""
+        return self.info.schema
+
+    def refresh(self) -> "Table":
+        self.info = self.client.describe(self.name)
+        return self
+
+    def offsets(self) -> list[BucketOffsets]:
+        """Log start offset and high watermark of each bucket."""
+        return [BucketOffsets(**o) for o in self.client._action(OFFSETS, {"table": self.name})]
+
+    def scan(self, columns: Sequence[str] | None = None, filter: Any = None, start: Any = "earliest",
+             end: Any = None, buckets: Sequence[int] | None = None) -> "Scan":
+        """A scan of the table's rows (nothing is read until its results are asked for).
+
+        columns: names to read, default all user columns; system columns `_offset`,
+            `_timestamp`, `_change`, `_key`, `_headers`, `_bucket` are given when named.
+        filter: (column, op, value) or a list of them, all AND-ed; ops are
+            = != < <= > >= in, not in (value: a list), is_null, not_null (value: None).
+        start: "earliest", "latest", an offset, a datetime (first record at or after it),
+            or a dict {bucket: offset}.
+        end: exclusive end offset (int or {bucket: offset}); default the high watermark
+            of each bucket when the scan starts.
+        buckets: which buckets (default all); they are read in parallel.
+
+        >>> t.scan(columns=["id", "amount"], filter=[("amount", ">", 100)]).to_pandas()
+        """
+        return Scan(self, columns, filter, start, end, buckets)
+
+    @_typed_errors
+    def append(self, data: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch] | Any, *,
+               bucket: int | None = None) -> list[Appended]:
+        """Append rows (Arrow table, batch(es) or a pandas DataFrame) whose columns are the
+        table's user columns (optionally `_timestamp`, `_key`, `_headers` too). Batches are
+        spread over the buckets unless `bucket` is given. Returns the offsets given, once
+        the broker has stored (and, with its `ack` flush policy, fsynced) the rows.
+
+        >>> t.append(pa.table({"id": [1, 2], "amount": [9.5, 120.0]}))
+        [Appended(bucket=0, base_offset=0, record_count=2)]
+        """
+        batches = _as_batches(data)
+        if not batches:
+            return []
+        schema = batches[0].schema
+        descriptor = flight.FlightDescriptor.for_command(AppendRequest(self.name, bucket).to_bytes())
+        writer, acks = self.client._flight.do_put(descriptor, schema)
+        done: list[Appended] = []
+        try:
+            for batch in batches:
+                for part in _chunks(batch):
+                    writer.write_batch(part)
+            writer.done_writing()
+            while True:
+                ack = acks.read()
+                if ack is None:
+                    break
+                done += [Appended(*a) for a in json.loads(ack.to_pybytes())["appended"]]
+        finally:
+            writer.close()
+        return done
+
+
+def _as_batches(data: Any) -> list[pa.RecordBatch]:
+    if isinstance(data, pa.RecordBatch):
+        return [data]
+    if isinstance(data, pa.Table):
+        return data.to_batches()
+    if hasattr(data, "to_arrow") and not isinstance(data, (list, tuple)):
+        return data.to_arrow().to_batches()
+    if type(data).__name__ == "DataFrame":
+        return pa.Table.from_pandas(data, preserve_index=False).to_batches()
+    batches = list(data)
+    if batches and isinstance(batches[0], pa.Table):
+        return [b for t in batches for b in t.to_batches()]
+    return batches
+
+
+def _chunks(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+    size = batch.nbytes
+    if size <= APPEND_BYTES or batch.num_rows <= 1:
+        yield batch
+        return
+    rows = max(1, batch.num_rows * APPEND_BYTES // size)
+    for lo in range(0, batch.num_rows, rows):
+        yield batch.slice(lo, rows)
+
+
+def _per_bucket(value: Any, bucket: int, what: str) -> Any:
+    if isinstance(value, dict):
+        return value.get(bucket, "earliest" if what == "start" else None)
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        return {"timestamp": int(value.timestamp() * 1000)}
+    return value
+
+
+_DONE = object()
+
+
+class Scan:
+    """The result of `Table.scan`: read it as Arrow, pandas, batches, or follow it."""
+
+    def __init__(self, table: Table, columns, filter, start, end, buckets):
+        self.table = table
+        self.columns = list(columns) if columns is not None else None
+        if filter is None:
+            filters = []
+        elif isinstance(filter, tuple) and len(filter) == 3 and isinstance(filter[0], str):
+            filters = [filter]
+        else:
+            filters = list(filter)
+        self.filter = [list(f) for f in filters]
+        self.start = start
+        self.end = end
+        self.buckets = list(buckets) if buckets is not None else list(range(table.info.buckets))
+        self.stats = ScanStats()  # the server's figures, summed over buckets, once read
+        self.schema: pa.Schema | None = None
+
+    def _request(self, bucket: int, follow: bool) -> ScanRequest:
+        return ScanRequest(self.table.name, bucket, self.columns, _per_bucket(self.start, bucket, "start"),
+                           _per_bucket(self.end, bucket, "end"), self.filter, follow)
+
+    def _read_bucket(self, bucket: int, follow: bool, emit, stop: threading.Event,
+                     readers: dict) -> None:
+        client = self.table.client._flight
+        reader = client.do_get(flight.Ticket(self._request(bucket, follow).to_bytes()))
+        readers[bucket] = reader
+        emit(("schema", reader.schema))
+        while not stop.is_set():
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return
+            if chunk.app_metadata is not None:
+                stats = ScanStats.from_bytes(chunk.app_metadata.to_pybytes())
+                if stats is not None:
+                    emit(("stats", stats))
+            if chunk.data is not None and chunk.data.num_rows:
+                emit(("batch", bucket, chunk.data))
+
+    def _stream(self, follow: bool) -> Iterator[tuple]:
+        """Events of all buckets read in parallel, each bucket's in its order."""
+        if not self.buckets:
+            raise ValueError("a scan needs at least one bucket")
+        events: queue.Queue = queue.Queue(maxsize=16)
+        stop = threading.Event()
+        readers: dict = {}
+
+        def emit(item) -> None:
+            while not stop.is_set():
+                try:
+                    events.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
+        def run(bucket: int) -> None:
+            try:
+                self._read_bucket(bucket, follow, emit, stop, readers)
+            except BaseException as exc:  # handed to the consumer thread
+                emit(("error", exc))
+            finally:
+                emit(("done",))
+
+        pool = ThreadPoolExecutor(max_workers=min(len(self.buckets), 16), thread_name_prefix="fluvial-scan")
+        try:
+            for b in self.buckets:
+                pool.submit(run, b)
+            running = len(self.buckets)
+            while running:
+                item = events.get()
+                if item[0] == "done":
+                    running -= 1
+                elif item[0] == "error":
+                    exc = item[1]
+                    raise from_flight(exc) if isinstance(exc, flight.FlightError) else exc
+                else:
+                    yield item
+        finally:
+            stop.set()
+            for reader in list(readers.values()):
+                try:
+                    reader.cancel()
+                except Exception:
+                    pass
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _events(self, follow: bool) -> Iterator[tuple[int, pa.RecordBatch]]:
+        self.stats = ScanStats()
+        for item in self._stream(follow):
+            if item[0] == "schema":
+                self.schema = item[1]
+            elif item[0] == "stats":
+                self.stats.add(item[1])
+            else:
+                yield item[1], item[2]
+
+    def to_batches(self) -> Iterator[pa.RecordBatch]:
+        """Batches as they arrive: each bucket's in offset order, buckets interleaved."""
+        for _, batch in self._events(False):
+            yield batch
+
+    def to_arrow(self) -> pa.Table:
+        """All rows as one Arrow table, bucket after bucket, each in offset order."""
+        by_bucket: dict[int, list[pa.RecordBatch]] = {b: [] for b in self.buckets}
+        for bucket, batch in self._events(False):
+            by_bucket[bucket].append(batch)
+        batches = [b for bucket in self.buckets for b in by_bucket[bucket]]
+        return pa.Table.from_batches(batches, schema=self.schema)
+
+    def to_pandas(self, **kwargs):
+        return self.to_arrow().to_pandas(**kwargs)
+
+    def follow(self) -> Iterator[pa.RecordBatch]:
+        """Rows from `start` on, then new rows as they are appended, until the iterator is
+        closed (`break` out of the loop, or `.close()`). Ask for `_bucket` and `_offset` to
+        know where each row comes from; each bucket's rows arrive in offset order.
+
+        >>> for batch in t.scan(columns=["_bucket", "_offset", "id"], start="latest").follow():
+        ...     print(batch.to_pydict())
+        """
+        for _, batch in self._events(True):
+            yield batch

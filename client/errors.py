@@ -1,0 +1,56 @@
+"""Typed errors of the table API: Fluvial's error classes, plus the two only tables have."""
+from __future__ import annotations
+
+import json
+
+import pyarrow.flight as flight
+
+from fluvial.errors import (
+    FluvialError, InvalidConfigError, InvalidPartitionsError, InvalidRecordError, InvalidRequestError,
+    InvalidTableError, OffsetOutOfRangeError, StorageError, TableExistsError, UnknownTableError,
+)
+
+
+class UnknownColumnError(InvalidRequestError):
+    """A scan or filter names a column the table does not have."""
+
+
+class SchemaMismatchError(InvalidRecordError):
+    """Appended rows whose columns or types do not match the table's schema."""
+
+
+class BrokerUnavailableError(FluvialError):
+    """The broker cannot be reached (not started, wrong address, or gone)."""
+
+
+ERRORS: dict[str, type[FluvialError]] = {cls.__name__: cls for cls in (
+    FluvialError, InvalidConfigError, InvalidPartitionsError, InvalidRecordError, InvalidRequestError,
+    InvalidTableError, OffsetOutOfRangeError, StorageError, TableExistsError, UnknownTableError,
+    UnknownColumnError, SchemaMismatchError,
+)}
+
+
+def error_info(exc: FluvialError) -> bytes:
+    """The `extra_info` of the Flight error the server sends for `exc`."""
+    kind = next(cls.__name__ for cls in type(exc).__mro__ if cls.__name__ in ERRORS)
+    return json.dumps({"error": kind, "message": exc.message}).encode()
+
+
+def from_flight(exc: flight.FlightError) -> FluvialError:
+    """The typed error a Flight error stands for (its message without gRPC's decorations)."""
+    info = getattr(exc, "extra_info", None) or b""
+    try:
+        body = json.loads(info)
+        return ERRORS.get(body.get("error"), FluvialError)(body.get("message", ""))
+    except (ValueError, AttributeError):
+        pass
+    if isinstance(exc, flight.FlightUnavailableError):
+        return BrokerUnavailableError(str(exc))
+    return FluvialError(str(exc))
+
+
+__all__ = [
+    "BrokerUnavailableError", "FluvialError", "InvalidConfigError", "InvalidPartitionsError", "InvalidRecordError",
+    "InvalidRequestError", "InvalidTableError", "OffsetOutOfRangeError", "SchemaMismatchError", "StorageError",
+    "TableExistsError", "UnknownColumnError", "UnknownTableError", "error_info", "from_flight",
+]
