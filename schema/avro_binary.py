@@ -132,8 +132,8 @@ class _Cursor:
     def gather(self, start: np.ndarray, size: int) -> np.ndarray:
         return self.data[start[:, None] + np.arange(size)]
 
-    def read_blobs(self, path: str, what: str) -> tuple[np.ndarray, np.ndarray]:
-        """Length-prefixed bytes: returns (Arrow offsets int32, data uint8)."""
+    def read_blobs(self, path: str, what: str) -> pa.BinaryArray:
+        """Length-prefixed bytes of every record, as one binary array."""
         ln = self.read_long(path, f"{what} length")
         negative = ln < 0
         self.fail(negative, f"field {path!r}: {what} length is negative")
@@ -143,40 +143,25 @@ class _Cursor:
         ln[long] = 0
         start = self.pos.copy()
         self.pos += ln
-        offsets = np.zeros(ln.size + 1, np.int64)
-        np.cumsum(ln, out=offsets[1:])
-        total = int(offsets[-1])
-        if not total:
-            body = np.zeros(0, np.uint8)
-        elif total * 4 >= int(self.pos[-1] - start[0]):
-            # Dense: mark the blobs' spans over the covered range of the buffer and take
-            # them in one pass (spans are disjoint and in row order).
-            lo, hi = int(start[0]), int(self.pos[-1])
-            edge = np.zeros(hi - lo + 1, np.int32)
-            np.add.at(edge, start - lo, 1) if ln.size < 64 else _mark(edge, start - lo, ln)
-            if ln.size < 64:
-                np.add.at(edge, start - lo + ln, -1)
-            body = self.data[lo:hi][np.cumsum(edge[:-1], dtype=np.int32) > 0]
-        else:
-            idx = np.arange(total, dtype=np.int64) + np.repeat(start - offsets[:-1], ln)
-            body = self.data[idx]
-        if total >= 2 ** 31:
+        n = ln.size
+        if n == 0:
+            return pa.array([], pa.binary())
+        if int(self.pos[-1]) >= 2 ** 31:
             raise OverflowError("batch values exceed 2 GiB")
-        return offsets.astype(np.int32), body
+        # The blobs are disjoint and in buffer order, so [start0, end0, start1, end1, ...]
+        # are valid offsets of a view over the buffer whose even elements are the blobs;
+        # `take` copies them out in C.
+        edges = np.empty(2 * n, np.int32)
+        edges[0::2] = start
+        edges[1::2] = start + ln
+        view = pa.Array.from_buffers(pa.binary(), 2 * n - 1, [None, pa.py_buffer(edges), pa.py_buffer(self.data)])
+        return view.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int32)))
 
 
 def _mask(n: int, rows: np.ndarray) -> np.ndarray:
     m = np.zeros(n, bool)
     m[rows] = True
     return m
-
-
-def _mark(edge: np.ndarray, start: np.ndarray, ln: np.ndarray) -> None:
-    """+1 at each span start and -1 at its end; spans are in order and disjoint, so the
-    starts of non-empty spans are distinct (as are their ends) and plain indexing works."""
-    nz = ln > 0
-    edge[start[nz]] += 1
-    edge[(start + ln)[nz]] -= 1
 
 
 def decode_avro(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.ndarray,
@@ -236,15 +221,15 @@ def _decode(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
         raw = np.ascontiguousarray(cur.gather(start, size))
         return pa.Array.from_buffers(pa.float32() if size == 4 else pa.float64(), n, [None, pa.py_buffer(raw)])
     if k in ("bytes", "string"):
-        offsets, body = cur.read_blobs(path, k)
+        blobs = cur.read_blobs(path, k)
         if k == "bytes":
-            return binary_from_buffers(offsets, body)
-        arr = binary_from_buffers(offsets, body, pa.string())
+            return blobs
+        arr = blobs.view(pa.string())
         try:
             arr.validate(full=True)
         except pa.ArrowInvalid:
-            _fail_bad_utf8(cur, offsets, body, path)
-            arr = binary_from_buffers(np.zeros(n + 1, np.int32), np.zeros(0, np.uint8), pa.string())
+            _fail_bad_utf8(cur, blobs, path)
+            arr = pa.array([""] * n, pa.string())
         return arr
     if k == "fixed":
         start = cur.take(node.size, path, f"fixed({node.size})")
@@ -265,13 +250,12 @@ def _decode(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
     raise TypeError(f"field {path!r}: Avro type {k!r} cannot be decoded into a column")
 
 
-def _fail_bad_utf8(cur: _Cursor, offsets: np.ndarray, body: np.ndarray, path: str) -> None:
+def _fail_bad_utf8(cur: _Cursor, blobs: pa.BinaryArray, path: str) -> None:
     # Error path only: find which records hold the invalid text.
-    raw = body.tobytes()
-    bad = np.zeros(offsets.size - 1, bool)
-    for i in range(offsets.size - 1):
+    bad = np.zeros(len(blobs), bool)
+    for i, raw in enumerate(blobs.to_pylist()):
         try:
-            raw[offsets[i]:offsets[i + 1]].decode("utf-8")
+            raw.decode("utf-8")
         except UnicodeDecodeError:
             bad[i] = True
     cur.fail(bad, f"field {path!r}: string is not valid UTF-8")
@@ -319,8 +303,7 @@ def _decode_repeated(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
         active = count > j
         sub = cur.sub(active)
         if node.kind == "map":
-            k_off, k_body = sub.read_blobs(item_path, "map key")
-            keys_parts.append(binary_from_buffers(k_off, k_body, pa.string()))
+            keys_parts.append(sub.read_blobs(item_path, "map key").view(pa.string()))
         item_parts.append(_decode(item_node, sub, item_path))
         cur.merge(sub, active)
         slots.append(offsets[:-1][active] + j)

@@ -191,6 +191,7 @@ def test_invalid_avro_records_are_refused_each_with_its_reason(registry):
         good + b"\x00",                                       # bytes left over
         header + b"\x82\x00\x04hi\x01\x02",                   # non-canonical varint
         None,
+        header + b"\x02\x04\xff\xfe\x01\x02",                   # label is not UTF-8
     ]
     codec = value_codec(registry, "s")
     with pytest.raises(InvalidRecordError) as info:
@@ -206,7 +207,8 @@ def test_invalid_avro_records_are_refused_each_with_its_reason(registry):
     assert "left over" in errors[7]
     assert "field 'n'" in errors[8] and "non-canonical" in errors[8]
     assert "null" in errors[9]
-    assert len(errors) == 9
+    assert "field 'label'" in errors[10] and "UTF-8" in errors[10]
+    assert len(errors) == 10
     # the good value alone still decodes
     cols, _ = codec.decode(pa.array([good], pa.binary()))
     assert cols.to_pylist() == [{"n": 1, "label": "hi", "ok": True, "kind": "B"}]
