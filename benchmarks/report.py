@@ -167,14 +167,17 @@ def write_chart(results_dir: Path, results: list[dict]) -> Path:
         for i, system in enumerate(systems):
             values = bars.get(system["name"], [])
             xs = [j + (i - (len(systems) - 1) / 2) * width for j in range(len(labels))]
-            heights = [v[0] if v else 0.0 for v in values]
+            heights = [v[0] if v else float("nan") for v in values]
             low = [v[0] - v[1] if v else 0.0 for v in values]
             high = [v[2] - v[0] if v else 0.0 for v in values]
             ax.bar(xs, heights, width, yerr=[low, high], capsize=3, label=system["label"],
                    color=_COLOURS.get(system["name"]))
             for x, v in zip(xs, values):
                 if v is None:
-                    ax.text(x, 0, "failed", rotation=90, ha="center", va="bottom", fontsize=7)
+                    ax.text(x, 0.02, "failed", rotation=90, ha="center", va="bottom", fontsize=7,
+                            transform=ax.get_xaxis_transform())
+        if title.endswith("latency"):
+            ax.set_yscale("log")  # medians and tails of different systems can be decades apart
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, fontsize=8)
         ax.set_title(title, fontsize=10)

@@ -11,8 +11,8 @@ VALUE_SIZES = (100, 1000)
 
 def record_count(size: int, scale: Scale) -> int:
     if size <= 100:
-        return scale.pick(full=1_000_000, quick=20_000)
-    return scale.pick(full=300_000, quick=5_000)
+        return scale.pick(full=500_000, quick=20_000)
+    return scale.pick(full=200_000, quick=5_000)
 
 
 def _case(client: str, size: int, scale: Scale) -> Case:

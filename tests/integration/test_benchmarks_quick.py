@@ -10,13 +10,26 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.brokers import docker_available
 from benchmarks.kafka_dist import REPO_ROOT
-
-pytestmark = [pytest.mark.slow, pytest.mark.java]
 
 WORKLOADS = ("produce-raw", "consume-raw", "e2e-latency")
 
 
+@pytest.mark.skipif(docker_available(), reason="a Docker engine answers here: the skip path is not taken")
+def test_kafka_from_docker_without_engine_skips_cleanly(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "run", "--quick", "--kafka-from", "docker",
+         "--results-dir", str(tmp_path)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "skipped" in done.stderr and "Docker" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.java
 @pytest.mark.skipif(shutil.which("java") is None or shutil.which("mvn") is None,
                     reason="Apache Kafka needs java, and mvn to fetch its jars")
 @pytest.mark.timeout(900)
