@@ -49,17 +49,13 @@ def topic_describe(args) -> int:
     from kafka.admin import ConfigResource, ConfigResourceType
     admin = _admin(args)
     described = admin.describe_topics([args.topic])
-    configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, args.topic)])
+    configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, args.topic)], config_filter="all")
     admin.close()
     topic = described[0]
     if topic.get("error_code"):
         print(f"error: topic {args.topic}: error code {topic['error_code']}", file=sys.stderr)
         return 1
-    entries = {}
-    for resp in configs:
-        for res in getattr(resp, "results", getattr(resp, "resources", [])):
-            for c in getattr(res, "configs", [])[:]:
-                entries[c.name] = c.value
+    entries = {name: c["value"] for name, c in configs.get("topic", {}).get(args.topic, {}).items()}
     _print({"topic": args.topic, "topic_id": str(topic.get("topic_id")),
             "partitions": [p["partition_index"] for p in topic["partitions"]], "configs": entries})
     return 0
@@ -88,7 +84,7 @@ def topic_alter(args) -> int:
     configs = _parse_configs(args.config)
     if configs:
         from kafka.admin import ConfigResource, ConfigResourceType
-        admin.incremental_alter_configs([ConfigResource(ConfigResourceType.TOPIC, args.topic, configs=configs)])
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, args.topic, configs=configs)])
     admin.close()
     print(f"altered {args.topic}")
     return 0
@@ -125,39 +121,44 @@ def register_topic(sub) -> None:
 
 def group_list(args) -> int:
     admin = _admin(args)
-    for group in sorted(admin.list_consumer_groups(), key=lambda g: g[0]):
-        print(group[0])
+    for group in sorted(admin.list_groups(), key=lambda g: g["group_id"]):
+        print(group["group_id"])
     admin.close()
     return 0
 
 
 def group_describe(args) -> int:
     admin = _admin(args)
-    desc = admin.describe_consumer_groups([args.group])[0]
-    offsets = admin.list_consumer_group_offsets(args.group)
+    desc = admin.describe_groups([args.group])[args.group]
+    offsets = admin.list_group_offsets({args.group: None}).get(args.group, {})
     admin.close()
-    _print({"group": args.group, "state": desc.state, "protocol": desc.protocol,
-            "members": [{"member_id": m.member_id, "client_id": m.client_id, "host": m.client_host}
-                        for m in desc.members],
+    _print({"group": args.group, "state": desc["group_state"], "protocol": desc.get("protocol_data"),
+            "members": [{k: str(v) for k, v in m.items() if k in ("member_id", "client_id", "client_host",
+                                                                    "group_instance_id")}
+                        for m in desc["members"]],
             "offsets": {f"{tp.topic}-{tp.partition}": om.offset for tp, om in sorted(offsets.items())}})
     return 0
 
 
 def group_reset_offsets(args) -> int:
-    from kafka import KafkaConsumer, TopicPartition
-    from kafka.structs import OffsetAndMetadata
-    consumer = KafkaConsumer(bootstrap_servers=args.bootstrap, group_id=args.group, enable_auto_commit=False)
-    partitions = consumer.partitions_for_topic(args.topic) or set()
-    tps = [TopicPartition(args.topic, p) for p in sorted(partitions)]
+    from kafka import TopicPartition
+    from kafka.admin import OffsetSpec
+    admin = _admin(args)
+    described = admin.describe_topics([args.topic])[0]
+    tps = [TopicPartition(args.topic, p["partition_index"]) for p in described["partitions"]]
     if args.to_earliest:
-        targets = consumer.beginning_offsets(tps)
+        target = OffsetSpec.EARLIEST
     elif args.to_latest:
-        targets = consumer.end_offsets(tps)
+        target = OffsetSpec.LATEST
     else:
-        targets = {tp: args.to_offset for tp in tps}
-    consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in targets.items()})
-    consumer.close()
-    _print({f"{tp.topic}-{tp.partition}": off for tp, off in targets.items()})
+        target = args.to_offset
+    result = admin.reset_group_offsets(args.group, {tp: target for tp in tps})
+    admin.close()
+    failed = {str(tp): r["error"].__name__ for tp, r in result.items() if r["error"].errno != 0}
+    _print({f"{tp.topic}-{tp.partition}": r["offset"] for tp, r in sorted(result.items())})
+    if failed:
+        print(f"error: {failed}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -43,6 +43,7 @@ class Broker:
         # Ports of the other listeners, filled by their start hooks ("http_port", "flight_port").
         self.ports: dict[str, int] = {}
         handlers.load_all()
+        load_services()
 
     def _cluster_id(self) -> str:
         rows = self.store.query("SELECT value FROM cluster WHERE key = 'cluster_id'")
@@ -99,6 +100,20 @@ class Broker:
                     await loop.run_in_executor(self.io_executor, bucket.tablet.enforce_retention, now)
                 except Exception:
                     log.exception("retention of %s-%d failed", bucket.table.name, bucket.index)
+
+
+# Services beside the Kafka listener; each registers its start/stop hooks on import.
+SERVICES = ["fluvial.broker.registry_service", "fluvial.broker.flight"]
+
+
+def load_services() -> None:
+    import importlib
+    for name in SERVICES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
 
 
 # Later parts (registry, groups, Flight) add start/stop hooks without the broker

@@ -83,7 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fluvial", description="Fluvial: a Kafka-compatible table broker")
     sub = parser.add_subparsers(dest="command", required=True)
     add_broker_parser(sub)
-    import fluvial.broker.admin_cli  # noqa: F401  (registers topic/group tools)
+    import importlib
+    for tool in TOOL_MODULES:
+        try:
+            importlib.import_module(tool)
+        except ModuleNotFoundError as exc:
+            if exc.name != tool:
+                raise
     for register in _SUBCOMMANDS:
         register(sub)
     args = parser.parse_args(argv)
@@ -97,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 # Tool subcommands (topic, group, schema, table, ...) register themselves here:
 # each is `register(subparsers)` that sets `run=fn(args) -> int` on its parser.
 _SUBCOMMANDS: list = []
+TOOL_MODULES = ["fluvial.broker.admin_cli", "fluvial.schema.cli", "fluvial.broker.table_cli"]
 
 
 def subcommand(register):

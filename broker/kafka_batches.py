@@ -84,6 +84,14 @@ def to_arrow(batch: memoryview, header: BatchHeader, *, log_append_time_ms: int 
     return records, meta
 
 
+def format_of(stored: StoredBatch, table_format):
+    """The value format a stored batch was written in: a table typed after it had raw
+    batches keeps serving those raw."""
+    if table_format is RAW or "_schema_id" not in stored.batch.schema.names:
+        return RAW
+    return table_format
+
+
 def fetch_codec(compression_type: str, meta: BatchMeta) -> Compression:
     if compression_type == "producer":
         return Compression(meta.attributes & ATTR_CODEC_MASK)

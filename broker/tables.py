@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from fluvial.broker import kafka_batches
 from fluvial.broker.config import TOPIC_CONFIGS, BrokerConfig, validate_topic_configs
 from fluvial.broker.log import BatchMeta, FlushPolicy, LogConfig, LogTablet
 from fluvial.broker.metadata import MetadataStore
@@ -110,6 +111,9 @@ class Table:
     configs: dict[str, str]
     created_ms: int
     buckets: list[Bucket] = field(default_factory=list)
+    # How Kafka values map to stored columns: RAW, or a typed (Avro/JSON) format
+    # attached by the registry service.
+    value_format: object = kafka_batches.RAW
 
     def config(self, name: str) -> str:
         return self.configs.get(name, TOPIC_CONFIGS[name].default)
@@ -151,6 +155,10 @@ class TableManager:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.tables: dict[str, Table] = {}
         self.by_id: dict[uuid.UUID, Table] = {}
+        # create_hooks(name, configs, validate_only) may refuse a table (raise) before it
+        # exists; open_hooks(table) run for every table created or opened.
+        self.create_hooks: list = []
+        self.open_hooks: list = []
         store.ensure_schema(_DDL)
 
     def open_all(self) -> None:
@@ -169,6 +177,8 @@ class TableManager:
         return Bucket(table, index, tablet, self.io_executor)
 
     def _register(self, table: Table) -> None:
+        for hook in self.open_hooks:
+            hook(table)
         self.tables[table.name] = table
         self.by_id[table.topic_id] = table
 
@@ -195,6 +205,8 @@ class TableManager:
             raise InvalidPartitionsError(f"Number of partitions {buckets} is above the limit of 10000")
         overrides = validate_topic_configs(configs or {})
         table = Table(name, uuid.uuid4(), overrides, int(time.time() * 1000))
+        for hook in self.create_hooks:
+            hook(name, overrides, validate_only)
         if validate_only:
             return table
         # Stale directories of an earlier table of the same name must not leak in.

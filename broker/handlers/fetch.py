@@ -31,7 +31,8 @@ def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int) -> tu
         if compression == "producer":
             wire = cache.get(bucket.table.name, bucket.index, stored.meta.base_offset)
         if wire is None:
-            wire = kafka_batches.to_wire(stored, compression_type=compression, leader_epoch=bucket.leader_epoch)
+            wire = kafka_batches.to_wire(stored, compression_type=compression, leader_epoch=bucket.leader_epoch,
+                                         value_format=kafka_batches.format_of(stored, bucket.table.value_format))
         if out and size + len(wire) > max_bytes:
             break
         out.append(wire)

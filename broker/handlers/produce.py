@@ -74,7 +74,8 @@ def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
 def _convert(part: _Part, log_append_time: int | None) -> None:
     try:
         part.converted = kafka_batches.to_arrow(memoryview(part.wire), part.header,
-                                                log_append_time_ms=log_append_time)
+                                                log_append_time_ms=log_append_time,
+                                                value_format=part.bucket.table.value_format)
     except FluvialError as exc:
         part.converted = exc
 

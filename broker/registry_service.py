@@ -1,0 +1,107 @@
+"""Serves the schema registry over HTTP and keeps each table's value format in step with it.
+
+A table is typed (Avro or JSON values stored as typed Arrow columns) when it is created
+with `fluvial.value.format` avro/json (and `fluvial.value.schema`, registered under
+`<table>-value`), or when a schema is registered under `<table>-value`. Typed tables
+follow the subject's latest version: the codecs refresh themselves when the registry
+changes, so evolution needs no step here.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fluvial.broker.broker import on_start, on_stop
+from fluvial.broker.kafka_batches import RAW
+from fluvial.errors import InvalidConfigError
+from fluvial.schema.codecs import AvroValueCodec, JsonValueCodec
+from fluvial.schema.errors import RegistryError as SchemaError
+from fluvial.schema.registry import SchemaRegistered, SchemaRegistry, SchemaType, parse_schema
+from fluvial.schema.rest import start_http
+from fluvial.schema.value_format import TypedValueFormat
+
+log = logging.getLogger(__name__)
+
+FORMAT = "fluvial.value.format"
+SCHEMA = "fluvial.value.schema"
+
+
+def subject_of(table_name: str) -> str:
+    return f"{table_name}-value"
+
+
+class TableSchemas:
+    """Attaches value formats to tables, and registers the schemas tables are created with."""
+
+    def __init__(self, registry: SchemaRegistry, tables):
+        self.registry = registry
+        self.tables = tables
+
+    def format_for(self, name: str, configs: dict[str, str]):
+        fmt = configs.get(FORMAT)
+        latest = self.registry.latest(subject_of(name))
+        if latest is None:
+            return RAW
+        if fmt is None:
+            fmt = "avro" if latest[1].schema_type is SchemaType.AVRO else "json"
+        if fmt == "raw":
+            return RAW
+        codec_cls = AvroValueCodec if fmt == "avro" else JsonValueCodec
+        return TypedValueFormat(codec_cls(self.registry, subject_of(name)))
+
+    def before_create(self, name: str, configs: dict[str, str], validate_only: bool) -> None:
+        """Check the format/schema configs; register the schema (unless only validating)."""
+        fmt = configs.get(FORMAT, "raw")
+        text = configs.get(SCHEMA)
+        if fmt == "raw":
+            if text:
+                raise InvalidConfigError(f"{SCHEMA} needs {FORMAT} avro or json")
+            return
+        if not text:
+            if self.registry.latest(subject_of(name)) is None:
+                raise InvalidConfigError(
+                    f"{FORMAT}={fmt} needs a schema: set {SCHEMA} or register one under {subject_of(name)}")
+            return
+        try:
+            schema = parse_schema(text, "AVRO")
+            schema.arrow_schema  # noqa: B018 - the mapping must exist for a typed table
+        except (SchemaError, ValueError) as exc:
+            raise InvalidConfigError(f"Invalid {SCHEMA}: {exc}") from None
+        if not validate_only:
+            try:
+                self.registry.register(subject_of(name), schema)
+            except SchemaError as exc:
+                raise InvalidConfigError(f"{SCHEMA} cannot be registered under {subject_of(name)}: {exc}") from None
+
+    def attach(self, table) -> None:
+        table.value_format = self.format_for(table.name, table.configs)
+
+    def on_registered(self, event: SchemaRegistered) -> None:
+        table = self.tables.tables.get(event.topic) if event.topic else None
+        if table is not None and table.value_format is RAW and table.configs.get(FORMAT, "") != "raw":
+            self.attach(table)
+            log.info("table %s is now typed (%s)", table.name, table.value_format.name)
+
+
+@on_start
+async def start_registry(broker) -> None:
+    registry = SchemaRegistry(broker.store)
+    schemas = TableSchemas(registry, broker.tables)
+    for table in broker.tables.tables.values():
+        schemas.attach(table)
+    broker.tables.create_hooks.append(schemas.before_create)
+    broker.tables.open_hooks.append(schemas.attach)
+    registry.listeners.append(schemas.on_registered)
+    broker.extensions["registry"] = registry
+    broker.extensions["table_schemas"] = schemas
+    runner = await start_http(registry, broker.config.host, broker.config.http_port)
+    broker.extensions["registry_http"] = runner
+    broker.ports["http_port"] = runner.addresses[0][1]
+    log.info("schema registry listening on %s:%d", broker.config.host, broker.ports["http_port"])
+
+
+@on_stop
+async def stop_registry(broker) -> None:
+    runner = broker.extensions.get("registry_http")
+    if runner is not None:
+        await asyncio.wait_for(runner.cleanup(), 10)
