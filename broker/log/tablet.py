@@ -471,9 +471,11 @@ class LogTablet:
                 while cut < len(closed) and total - closed[cut].state.size >= self.config.retention_bytes:
                     total -= closed[cut].state.size
                     cut += 1
-            if cut:
-                self._delete_oldest(cut)
-            return cut
+            doomed = self._drop_oldest(cut)
+        # Unlinking big files can take a while: not under the lock appends wait on.
+        for segment in doomed:
+            segment.delete()
+        return cut
 
     def advance_log_start(self, offset: int) -> int:
         """DeleteRecords: records below ``offset`` become unreadable, and stay so after a restart."""
@@ -491,12 +493,17 @@ class LogTablet:
             cut = 0
             while cut < len(closed) and closed[cut].state.next_offset <= offset:
                 cut += 1
-            if cut:
-                self._delete_oldest(cut)
+            doomed = self._drop_oldest(cut)
             self.leader_epochs.truncate_from_start(self._log_start)
-            return self._log_start
+            start = self._log_start
+        for segment in doomed:
+            segment.delete()
+        return start
 
-    def _delete_oldest(self, count: int) -> None:
+    def _drop_oldest(self, count: int) -> tuple[LogSegment, ...]:
+        """Take the oldest segments out of the log; the caller deletes their files."""
+        if count == 0:
+            return ()
         segments = self._view.segments
         doomed, kept = segments[:count], segments[count:]
         new_start = max(self._log_start, kept[0].base_offset)
@@ -505,9 +512,8 @@ class LogTablet:
             self._log_start_checkpoint.write(new_start, durable=False)
             self._log_start = new_start
         self._view = _SegmentList.of(kept)
-        for segment in doomed:
-            segment.delete()
         self.leader_epochs.truncate_from_start(self._log_start)
+        return doomed
 
     # -- lifecycle ------------------------------------------------------------------------
 
