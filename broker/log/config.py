@@ -34,3 +34,5 @@ class LogConfig:
     flush_policy: FlushPolicy = FlushPolicy.ACK
     flush_interval_ms: int = 1000
     message_timestamp_type: TimestampType = TimestampType.CREATE_TIME
+    # Min/max/null count of numeric and temporal user columns, kept with each batch.
+    batch_statistics: bool = True

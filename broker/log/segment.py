@@ -227,7 +227,7 @@ class LogSegment:
                 written += n
                 rest = rest[n:]
         batch_position = start + (len(encoded.schema_message) if start == 0 else 0)
-        header = BatchHeader(batch_position, len(encoded.header), encoded.body.size, meta, -1, -1)
+        header = BatchHeader(batch_position, len(encoded.header), encoded.body.size, meta, -1, -1, encoded.stats)
         self._add_batch(header)
         self._remember(header)
 

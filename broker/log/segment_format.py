@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from fluvial.broker.log.batch_meta import BatchMeta
+from fluvial.broker.log.statistics import STATS_KEY
 
 META_KEY = b"fluvial.batch"
 CRC_KEY = b"fluvial.crc32c"
@@ -54,6 +55,7 @@ class BatchHeader:
     meta: BatchMeta
     crc: int  # -1 (with crc_at) when built by the writer rather than parsed
     crc_at: int  # where the checksum text starts, relative to position
+    stats: bytes = b""  # column statistics as stored (statistics.decode_stats reads them)
 
     @property
     def size(self) -> int:
@@ -71,17 +73,21 @@ class EncodedBatch:
     schema_message: bytes
     header: bytes
     body: pa.Buffer
+    stats: bytes = b""
 
     @property
     def size(self) -> int:
         return len(self.header) + self.body.size
 
 
-def encode_batch(batch: pa.RecordBatch, meta: BatchMeta) -> EncodedBatch:
-    """Serialize one batch as an IPC stream message with its BatchMeta and checksum."""
+def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"") -> EncodedBatch:
+    """Serialize one batch as an IPC stream message with its BatchMeta, statistics and checksum."""
     sink = pa.BufferOutputStream()
     writer = ipc.new_stream(sink, batch.schema, options=_WRITE_OPTIONS)
-    writer.write_batch(batch, custom_metadata={META_KEY: meta.encode(), CRC_KEY: _CRC_PLACEHOLDER})
+    custom = {META_KEY: meta.encode(), CRC_KEY: _CRC_PLACEHOLDER}
+    if stats:
+        custom[STATS_KEY] = stats
+    writer.write_batch(batch, custom_metadata=custom)
     # The writer is not closed: closing would append the end-of-stream marker, so the
     # buffer ends exactly where the batch body ends.
     data = sink.getvalue()
@@ -99,7 +105,7 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta) -> EncodedBatch:
     crc = crc32c.crc32c(header, schema_checksum(schema_message))
     crc = crc32c.crc32c(body, crc)
     header[crc_at : crc_at + 8] = b"%08x" % crc
-    return EncodedBatch(schema_message, bytes(header), body)
+    return EncodedBatch(schema_message, bytes(header), body, stats)
 
 
 def schema_checksum(schema_message: bytes) -> int:
@@ -157,7 +163,9 @@ def parse_batch_header(view: memoryview, position: int, limit: int) -> BatchHead
         batch_meta = BatchMeta.decode(bytes(meta[meta_start:meta_end]))
     except ValueError as exc:
         raise SegmentFormatError(f"bad batch metadata: {exc}") from exc
-    return BatchHeader(position, header_length, body_length, batch_meta, crc, 8 + crc_start)
+    stats_start, stats_end = kv.get(STATS_KEY, (0, 0))
+    stats = bytes(meta[stats_start:stats_end])
+    return BatchHeader(position, header_length, body_length, batch_meta, crc, 8 + crc_start, stats)
 
 
 def checksum_matches(view: memoryview, header: BatchHeader, schema_crc: int) -> bool:

@@ -18,7 +18,8 @@ from fluvial.broker.log.checkpoint import OffsetCheckpoint, fsync_directory
 from fluvial.broker.log.config import FlushPolicy, LogConfig, TimestampType
 from fluvial.broker.log.leader_epoch import LeaderEpochCache
 from fluvial.broker.log.segment import DATA_SUFFIX, OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment
-from fluvial.broker.log.segment_format import SegmentFormatError, encode_batch
+from fluvial.broker.log.segment_format import BatchHeader, SegmentFormatError, encode_batch
+from fluvial.broker.log.statistics import ColumnStats, compute_stats, decode_stats
 from fluvial.errors import InvalidRecordError, InvalidRequestError, OffsetOutOfRangeError, StorageError
 
 OFFSET_FIELD = pa.field("_offset", pa.int64())
@@ -203,7 +204,8 @@ class LogTablet:
             records, filled = self._stamp(records, meta, base, now_ms, leader_epoch)
             offsets = pa.array(np.arange(base, base + count, dtype=np.int64))
             batch = pa.RecordBatch.from_arrays([offsets, *records.columns], schema=stored_schema)
-            encoded = encode_batch(batch, filled)
+            stats = compute_stats(batch) if self.config.batch_statistics else b""
+            encoded = encode_batch(batch, filled, stats)
             view = self._view
             active = view.segments[-1] if view.segments else None
             try:
@@ -348,6 +350,16 @@ class LogTablet:
     def batch_metas(self, offset: int | None = None) -> Iterator[BatchMeta]:
         """The metadata of every batch from the one holding ``offset`` (default: the log start) to
         the end, read from batch headers only, e.g. to rebuild producer state after a restart."""
+        for header in self._headers_from(offset):
+            yield header.meta
+
+    def batch_statistics(self, offset: int | None = None) -> Iterator[tuple[BatchMeta, dict[str, ColumnStats]]]:
+        """Each batch's metadata and column statistics from the one holding ``offset``, from
+        headers only: a scan with a filter reads just the batches whose bounds can match."""
+        for header in self._headers_from(offset):
+            yield header.meta, decode_stats(header.stats)
+
+    def _headers_from(self, offset: int | None) -> Iterator[BatchHeader]:
         view = self._view
         offset = self._log_start if offset is None else offset
         for segment in view.segments[view.index_of(offset):]:
@@ -356,7 +368,7 @@ class LogTablet:
                 continue
             for header in segment.headers_from(segment.position_for_offset(offset), state):
                 if header.meta.next_offset > offset:
-                    yield header.meta
+                    yield header
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """ListOffsets: the earliest offset whose record timestamp is >= ``timestamp_ms``, with that timestamp."""

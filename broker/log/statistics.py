@@ -1,0 +1,74 @@
+"""Per-batch column statistics (min, max, null count) that let scans skip whole batches."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+STATS_KEY = b"fluvial.stats"
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnStats:
+    """Bounds of one column in one batch; min/max are None when every value is null."""
+
+    min: int | float | bool | None
+    max: int | float | bool | None
+    null_count: int
+
+
+def _has_stats(arrow_type: pa.DataType) -> bool:
+    # Numbers, booleans and temporal types: cheap to compute and small to store. Strings
+    # and binaries are left out: their bounds could be as long as the values.
+    return (
+        pa.types.is_integer(arrow_type)
+        or pa.types.is_floating(arrow_type)
+        or pa.types.is_boolean(arrow_type)
+        or pa.types.is_timestamp(arrow_type)
+        or pa.types.is_date(arrow_type)
+        or pa.types.is_time(arrow_type)
+        or pa.types.is_duration(arrow_type)
+    )
+
+
+def _as_plain(array: pa.Array) -> pa.Array:
+    """Temporal columns as their integer storage, so bounds are plain JSON numbers."""
+    arrow_type = array.type
+    if pa.types.is_temporal(arrow_type) or pa.types.is_duration(arrow_type):
+        width = arrow_type.bit_width
+        return array.view(pa.int64() if width == 64 else pa.int32())
+    return array
+
+
+def compute_stats(batch: pa.RecordBatch) -> bytes:
+    """Statistics of the user columns (names not starting with ``_``) as compact JSON; b"" if none."""
+    stats: dict[str, list] = {}
+    for field, column in zip(batch.schema, batch.columns):
+        if field.name.startswith("_") or not _has_stats(field.type):
+            continue
+        array = _as_plain(column)
+        nulls = array.null_count
+        if nulls == len(array):
+            low = high = None
+        elif nulls == 0 and pa.types.is_integer(array.type):
+            values = array.to_numpy(zero_copy_only=True)
+            low, high = values.min().item(), values.max().item()
+        else:
+            # Arrow skips nulls and NaN here.
+            bounds = pc.min_max(array)
+            low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if isinstance(low, float) and (math.isnan(low) or math.isnan(high)):
+            continue  # all NaN: no useful bounds
+        stats[field.name] = [low, high, nulls]
+    if not stats:
+        return b""
+    return json.dumps(stats, separators=(",", ":"), allow_nan=True).encode()
+
+
+def decode_stats(data: bytes) -> dict[str, ColumnStats]:
+    if not data:
+        return {}
+    return {name: ColumnStats(*values) for name, values in json.loads(data).items()}

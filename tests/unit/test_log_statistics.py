@@ -1,0 +1,97 @@
+"""Per-batch column statistics: stored with each batch, exact, and usable to skip batches."""
+from __future__ import annotations
+
+import math
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fluvial.broker.log import LogConfig, LogTablet
+from fluvial.broker.log.statistics import ColumnStats, compute_stats, decode_stats
+from tests.unit.test_log_support import all_rows, meta, open_tablet, records
+
+
+def with_columns(count: int, **columns) -> pa.RecordBatch:
+    batch = records(count)
+    for name, array in columns.items():
+        batch = batch.append_column(name, array)
+    return batch
+
+
+def test_statistics_cover_numeric_and_temporal_user_columns(tmp_path):
+    tablet = open_tablet(tmp_path)
+    batch = with_columns(
+        4,
+        price=pa.array([2.5, None, -1.0, float("nan")]),
+        day=pa.array([3, 1, None, 2], pa.int32()).cast(pa.date32()),
+        at=pa.array([10, 40, 20, 30]).cast(pa.timestamp("us")),
+        flag=pa.array([False, None, False, False]),
+        name=pa.array(["b", "a", "c", "d"]),
+        empty=pa.array([None] * 4, pa.int16()),
+    )
+    tablet.append(batch, meta())
+
+    [(written, stats)] = list(tablet.batch_statistics())
+
+    assert written.base_offset == 0
+    # System columns and strings carry no statistics; NaN does not widen float bounds.
+    assert set(stats) == {"amount", "price", "day", "at", "flag", "empty"}
+    assert stats["amount"] == ColumnStats(0, 3, 0)
+    assert stats["price"] == ColumnStats(-1.0, 2.5, 1)
+    assert stats["day"] == ColumnStats(1, 3, 1)
+    assert stats["at"] == ColumnStats(10, 40, 0)
+    assert stats["flag"] == ColumnStats(False, False, 1)
+    assert stats["empty"] == ColumnStats(None, None, 4)
+
+
+def test_statistics_are_in_the_segment_file_and_survive_reopen(tmp_path):
+    tablet = open_tablet(tmp_path)
+    for i in range(3):
+        tablet.append(records(5, tag=i), meta())
+    tablet.close()
+
+    reopened = open_tablet(tmp_path)
+    assert [s["amount"] for _, s in reopened.batch_statistics()] == [
+        ColumnStats(i * 1000, i * 1000 + 4, 0) for i in range(3)
+    ]
+    [segment] = tmp_path.glob("*.arrows")
+    customs = [c for _, c in ipc.open_stream(segment).iter_batches_with_custom_metadata()]
+    assert decode_stats(customs[1][b"fluvial.stats"])["amount"] == ColumnStats(1000, 1004, 0)
+
+
+def test_a_filtered_scan_reads_only_batches_whose_bounds_match(tmp_path):
+    tablet = open_tablet(tmp_path, segment_bytes=4096)
+    for i in range(30):
+        tablet.append(records(10, tag=i), meta())
+
+    wanted = [m for m, s in tablet.batch_statistics() if s["amount"].max >= 25_000]
+    rows = pa.Table.from_batches([tablet.read(m.base_offset, 1)[0].batch for m in wanted])
+
+    assert [m.base_offset for m in wanted] == list(range(250, 300, 10))
+    expected = all_rows(tablet).filter(pc.field("amount") >= 25_000)
+    assert rows.filter(pc.field("amount") >= 25_000).equals(expected)
+    assert list(tablet.batch_statistics(255))[0][0].base_offset == 250
+
+
+def test_statistics_can_be_turned_off(tmp_path):
+    tablet = LogTablet.open(tmp_path, LogConfig(batch_statistics=False))
+    tablet.append(records(3), meta())
+    assert [s for _, s in tablet.batch_statistics()] == [{}]
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.one_of(st.none(), st.floats(width=32), st.integers(-2**40, 2**40)), min_size=1, max_size=40))
+def test_bounds_match_arrow(values):
+    floats = pa.array([None if v is None else float(v) for v in values], pa.float64())
+    ints = pa.array([None if v is None or isinstance(v, float) else v for v in values], pa.int64())
+    stats = decode_stats(compute_stats(pa.record_batch({"f": floats, "i": ints})))
+    for name, array in (("f", floats), ("i", ints)):
+        finite = [v for v in array.to_pylist() if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        if not finite and array.null_count < len(array):
+            assert name not in stats  # only NaN: no bounds to give
+            continue
+        assert stats[name].null_count == array.null_count
+        assert (stats[name].min, stats[name].max) == ((min(finite), max(finite)) if finite else (None, None))
