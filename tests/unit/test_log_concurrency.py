@@ -10,7 +10,7 @@ from fluvial.broker.log import FlushPolicy, LogConfig, LogTablet
 from fluvial.errors import OffsetOutOfRangeError
 from tests.unit.test_log_support import meta, open_tablet, records
 
-BATCHES = 400
+BATCHES = 250
 
 
 def check_batches(stored, tablet) -> None:
