@@ -88,7 +88,11 @@ class Broker:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.config.flush_interval_ms / 1000)
-            await loop.run_in_executor(self.io_executor, self._flush_all)
+            await loop.run_in_executor(self.io_executor, self._flush_due)
+
+    def _flush_due(self) -> None:
+        for bucket in self.tables.all_buckets():
+            bucket.tablet.maybe_flush()
 
     async def _retention_loop(self) -> None:
         loop = asyncio.get_running_loop()

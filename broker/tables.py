@@ -85,6 +85,7 @@ class Bucket:
         self.tablet = tablet
         self.group_commit = GroupCommit(tablet, io_executor)
         self._data_arrived = asyncio.Event()
+        tablet.start_leader_epoch(self.leader_epoch)
 
     # A single-node broker is the only leader a bucket ever has: its epoch stays 0.
     leader_epoch = 0
@@ -94,7 +95,7 @@ class Bucket:
         return (self.table.name, self.index)
 
     def append(self, records: pa.RecordBatch, meta: BatchMeta) -> BatchMeta:
-        written = self.tablet.append(records, meta)
+        written = self.tablet.append(records, meta, leader_epoch=self.leader_epoch)
         # Wake long-polling fetches, then arm a fresh event for the next ones.
         self._data_arrived.set()
         self._data_arrived = asyncio.Event()

@@ -22,7 +22,7 @@ async def offset_for_leader_epoch(ctx: RequestContext, request):
                     raise FluvialError("leader epoch is newer than the broker's", code=ErrorCode.UNKNOWN_LEADER_EPOCH)
                 if 0 <= p.current_leader_epoch < bucket.leader_epoch:
                     raise FluvialError("leader epoch is fenced", code=ErrorCode.FENCED_LEADER_EPOCH)
-                epoch, end = bucket.tablet.epochs.end_offset_for(p.leader_epoch, bucket.tablet.log_end_offset)
+                epoch, end = bucket.tablet.leader_epochs.end_offset_for(p.leader_epoch, bucket.tablet.log_end_offset)
                 parts.append(EpochEndOffset(error_code=0, partition=p.partition, leader_epoch=epoch, end_offset=end))
             except FluvialError as exc:
                 parts.append(EpochEndOffset(error_code=exc.code, partition=p.partition, leader_epoch=-1, end_offset=-1))
