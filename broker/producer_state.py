@@ -316,7 +316,7 @@ class ProducerStateRegistry:
         return manager
 
     def check(self, bucket: "Bucket", meta: BatchMeta) -> Duplicate | None:
-        if meta.producer_id < 0:
+        if meta.producer_id < 0 or meta.base_sequence < 0:
             return None
         return self.manager(bucket).check_meta(meta)
 

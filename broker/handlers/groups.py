@@ -27,13 +27,22 @@ AUTHORIZED_OPERATIONS_OMITTED = None
 
 
 def group_config(broker) -> GroupConfig:
-    """Group settings from the broker config where it has them, Kafka's defaults otherwise."""
+    """Group settings from the broker config where it has them, Kafka's defaults otherwise.
+
+    A `BrokerConfig` field named like a `GroupConfig` field, with or without a `group_`
+    prefix (`group_initial_rebalance_delay_ms`), sets it; `offsets_retention_minutes`
+    is Kafka's own unit for the retention.
+    """
     defaults = GroupConfig()
     cfg = broker.config
-    return GroupConfig(**{
+    config = GroupConfig(**{
         name: getattr(cfg, name, getattr(cfg, f"group_{name}", getattr(defaults, name)))
         for name in defaults.__dataclass_fields__
     })
+    minutes = getattr(cfg, "offsets_retention_minutes", None)
+    if minutes is not None:
+        config.offsets_retention_ms = int(minutes) * 60_000
+    return config
 
 
 def coordinator(ctx: RequestContext) -> GroupCoordinator:
