@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shutil
 import subprocess
@@ -76,10 +77,20 @@ def fetch(quiet: bool = True) -> Path:
     if is_fetched():
         _write_log4j_config()
         return LIBS_DIR
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    # Test processes may ask at the same moment: one downloads, the others wait for it.
+    with open(CACHE_DIR / "fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_fetched():
+            _download(quiet)
+    _write_log4j_config()
+    return LIBS_DIR
+
+
+def _download(quiet: bool) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise KafkaDistError("Maven (mvn) is not on PATH; it fetches Apache Kafka's jars")
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
     pom = CACHE_DIR / "pom.xml"
     pom.write_text(_pom())
     # Copy into a fresh folder and rename it into place, so an interrupted fetch never leaves a
@@ -100,13 +111,13 @@ def fetch(quiet: bool = True) -> Path:
         shutil.rmtree(LIBS_DIR)
     staging.rename(LIBS_DIR)
     _COMPLETE_MARK.write_text("\n".join(sorted(p.name for p in LIBS_DIR.glob("*.jar"))) + "\n")
-    _write_log4j_config()
-    return LIBS_DIR
 
 
 def _write_log4j_config() -> None:
     if not _LOG4J_CONFIG.exists() or _LOG4J_CONFIG.read_text() != _LOG4J_PROPERTIES:
-        _LOG4J_CONFIG.write_text(_LOG4J_PROPERTIES)
+        staged = _LOG4J_CONFIG.with_suffix(f".{os.getpid()}")
+        staged.write_text(_LOG4J_PROPERTIES)
+        staged.replace(_LOG4J_CONFIG)  # atomic: a JVM starting now never reads half a file
 
 
 def kafka_classpath() -> str:
