@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,6 +27,8 @@ from fluvial.schema.compatibility import arrow_can_evolve
 from fluvial.schema.errors import SchemaNotFoundError, UnsupportedSchemaError
 from fluvial.schema.evolution import evolve_array
 from fluvial.schema.registry import Schema, SchemaRegistry, SchemaType
+
+log = logging.getLogger(__name__)
 
 MAGIC = 0
 HEADER_SIZE = 5
@@ -149,10 +152,25 @@ class _SubjectCodec:
         if self._pinned is not None:
             self._table_schema = self._pinned
         else:
-            latest = self.registry.latest(self.subject)
-            if latest is None:
-                raise SchemaNotFoundError(f"Subject '{self.subject}' has no schema")
-            self._table_schema = latest[1].arrow_schema
+            self._table_schema = self._newest_table_schema()
+
+    def _newest_table_schema(self) -> pa.Schema:
+        """The columns of the newest version that has a column mapping: a version without
+        one (registered where no table validator guards the subject) does not break the
+        table, its records are refused instead."""
+        versions = self.registry.store.versions(self.subject)
+        if not versions:
+            raise SchemaNotFoundError(f"Subject '{self.subject}' has no schema")
+        for v in reversed(versions):
+            schema = self.registry.schema(v.schema_id)
+            if schema.schema_type is not self.schema_type:
+                continue
+            try:
+                return schema.arrow_schema
+            except UnsupportedSchemaError:
+                log.warning("subject %s version %d has no column mapping; the table keeps its columns",
+                            self.subject, v.version)
+        raise UnsupportedSchemaError(f"no version of subject '{self.subject}' maps to table columns")
 
     @property
     def table_schema(self) -> pa.Schema:

@@ -406,3 +406,18 @@ def test_json_date_that_is_not_a_date_is_named(registry):
         codec.decode(pa.array([b'{"id": 1, "name": "a", "day": "2024-01-02"}',
                                b'{"id": 2, "name": "b", "day": "yesterday"}'], pa.binary()))
     assert info.value.record_errors == [(1, "field 'day': not a date (YYYY-MM-DD)")]
+
+
+def test_a_version_without_columns_leaves_the_table_as_it_was(registry):
+    registry.set_compatibility("NONE", "u-value")
+    id1 = register(registry, "u-value", V1)
+    codec = value_codec(registry, "u")
+    id2 = register(registry, "u-value", {"type": "record", "name": "E", "fields": [
+        {"name": "id", "type": ["int", "string"]}]})
+    assert codec.table_schema.names == ["id", "price"]
+    values = pa.array(wire(V1, id1, [{"id": 1, "price": 2.0}]) + [b"\0" + id2.to_bytes(4, "big") + b"\0\2"],
+                      pa.binary())
+    with pytest.raises(InvalidRecordError) as info:
+        codec.decode(values)
+    assert [i for i, _ in info.value.record_errors] == [1]
+    assert "no column mapping" in info.value.record_errors[0][1]
