@@ -1,0 +1,65 @@
+"""Bucket of a key: Kafka's default partitioner (murmur2 of the key bytes, made positive, mod buckets)."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+_SEED = np.uint32(0x9747B28C)
+_M = np.uint32(0x5BD1E995)
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's `Utils.murmur2` as a signed 32-bit int (one key; see `murmur2_array` for many)."""
+    arr = murmur2_array(pa.array([data], pa.binary()))
+    return int(arr.view(np.int32)[0])
+
+
+def murmur2_array(keys: pa.Array) -> np.ndarray:
+    """murmur2 of every value of a binary array (uint32), all keys advanced together one
+    4-byte word at a time, so the Python loop runs over word positions, not keys."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if not pa.types.is_binary(keys.type):
+        keys = keys.cast(pa.binary())
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, np.uint32)
+    _, obuf, dbuf = keys.buffers()
+    offsets = np.frombuffer(obuf, np.int32, n + 1, keys.offset * 4).astype(np.int64)
+    start = offsets[:-1]
+    length = offsets[1:] - start
+    data = np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
+    data = np.concatenate([data, np.zeros(4, np.uint8)])
+    with np.errstate(over="ignore"):
+        h = _SEED ^ length.astype(np.uint32)
+        words = length // 4
+        for w in range(int(words.max())):
+            rows = np.flatnonzero(words > w)
+            p = start[rows] + 4 * w
+            k = (data[p].astype(np.uint32) | (data[p + 1].astype(np.uint32) << 8)
+                 | (data[p + 2].astype(np.uint32) << 16) | (data[p + 3].astype(np.uint32) << 24))
+            k = k * _M
+            k ^= k >> np.uint32(24)
+            k = k * _M
+            h[rows] = (h[rows] * _M) ^ k
+        tail = length % 4
+        base = start + words * 4
+        for extra, shift in ((3, 16), (2, 8), (1, 0)):
+            rows = np.flatnonzero(tail >= extra)
+            h[rows] ^= data[base[rows] + extra - 1].astype(np.uint32) << np.uint32(shift)
+        rows = np.flatnonzero(tail > 0)
+        h[rows] = h[rows] * _M
+        h ^= h >> np.uint32(13)
+        h = h * _M
+        h ^= h >> np.uint32(15)
+    return h
+
+
+def buckets_of(keys: pa.Array, buckets: int) -> np.ndarray:
+    """The bucket of each key: `toPositive(murmur2(key)) % buckets`, as the Java producer picks."""
+    h = murmur2_array(keys) & np.uint32(0x7FFFFFFF)
+    return (h % np.uint32(buckets)).astype(np.int32)
+
+
+def bucket_of(key: bytes, buckets: int) -> int:
+    return int(buckets_of(pa.array([key], pa.binary()), buckets)[0])

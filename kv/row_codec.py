@@ -1,0 +1,168 @@
+"""Rows of a primary-key table <-> RocksDB keys and values, whole batches at a time.
+
+A value is a 2-byte row schema number followed by the row's Avro body; the schema
+numbers are kept in the tablet, so rows written before a schema change are read back
+evolved to the current columns. A key is the Avro body of the primary-key columns with
+the bucket-key columns first: Avro fields are self-delimiting, so the keys of all rows
+sharing a bucket key start with the same bytes, which is what a prefix lookup scans.
+"""
+from __future__ import annotations
+
+import functools
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fluvial.errors import InvalidRecordError
+from fluvial.schema.arrow_mapping import arrow_to_avro
+from fluvial.schema.avro_binary import DecodeErrors, decode_avro, encode_avro, pad
+from fluvial.schema.evolution import evolve_array
+from fluvial.schema.registry import parse_schema
+
+DATA_PREFIX = b"d"
+_EMPTY = pa.scalar(b"", pa.binary())
+
+
+@functools.lru_cache(maxsize=256)
+def _avro_node(schema_bytes: bytes):
+    schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+    return parse_schema(json.dumps(arrow_to_avro(schema, "Row")), "AVRO").avro.root
+
+
+def avro_node(schema: pa.Schema):
+    """The Avro writer node of an Arrow schema (cached by the schema's IPC form)."""
+    return _avro_node(schema.serialize().to_pybytes())
+
+
+def struct_of(data: pa.RecordBatch | pa.Table | pa.StructArray) -> pa.StructArray:
+    if isinstance(data, pa.Table):
+        data = data.combine_chunks()
+        data = data.to_batches()[0] if data.num_rows else pa.RecordBatch.from_pylist([], data.schema)
+    if isinstance(data, pa.RecordBatch):
+        return pa.StructArray.from_arrays(data.columns, fields=list(data.schema))
+    if isinstance(data, pa.ChunkedArray):
+        return data.combine_chunks()
+    return data
+
+
+def binary_values(values: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, padded data) of a binary array's values."""
+    n = len(values)
+    _, obuf, dbuf = values.buffers()
+    offsets = np.frombuffer(obuf, np.int32, n + 1, values.offset * 4).astype(np.int64)
+    data = pad(np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8))
+    return offsets[:-1], offsets[1:], data
+
+
+def decode_bodies(schema: pa.Schema, values: pa.Array, skip: int) -> pa.StructArray:
+    """Decode Avro row bodies (after `skip` header bytes) written with `schema`."""
+    start, end, data = binary_values(values)
+    errors = DecodeErrors(np.full(len(values), -1, np.int64))
+    arr = decode_avro(avro_node(schema), data, start + skip, end, np.arange(len(values)), errors)
+    problems = errors.by_record()
+    if problems:
+        raise ValueError(f"stored row {problems[0][0]} cannot be read: {problems[0][1]}")
+    return arr
+
+
+class RowCodec:
+    """Current rows <-> RocksDB values; `schemas` maps row schema numbers to the schemas
+    rows were written with (the tablet persists it)."""
+
+    def __init__(self, schema: pa.Schema, schemas: dict[int, pa.Schema]):
+        self.schema = schema
+        self.schemas = dict(schemas)
+        self.number = next((n for n, s in self.schemas.items() if s.equals(schema)), None)
+        if self.number is None:
+            self.number = max(self.schemas, default=0) + 1
+            self.schemas[self.number] = schema
+        self._header = pa.scalar(int(self.number).to_bytes(2, "big"), pa.binary())
+        self._row_field = pa.field("row", pa.struct(list(schema)), False)
+
+    def encode(self, rows: pa.StructArray) -> pa.Array:
+        body = encode_avro(avro_node(self.schema), rows)
+        return pc.binary_join_element_wise(self._header, body, _EMPTY)
+
+    def decode(self, values: pa.Array) -> pa.StructArray:
+        """Values (no nulls) to rows in the current schema."""
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        n = len(values)
+        if n == 0:
+            return pa.array([], self._row_field.type)
+        start, _, data = binary_values(values)
+        numbers = (data[start].astype(np.int32) << 8) | data[start + 1]
+        uniq = np.unique(numbers)
+        if uniq.size == 1:
+            return self._decode_group(int(uniq[0]), values)
+        parts, order = [], []
+        for number in uniq:
+            rows = np.flatnonzero(numbers == number)
+            parts.append(self._decode_group(int(number), values.take(pa.array(rows))))
+            order.append(rows)
+        perm = np.empty(n, np.int64)
+        perm[np.concatenate(order)] = np.arange(n)
+        return pa.concat_arrays(parts).take(pa.array(perm))
+
+    def _decode_group(self, number: int, values: pa.Array) -> pa.StructArray:
+        schema = self.schemas.get(number)
+        if schema is None:
+            raise ValueError(f"stored row uses unknown row schema number {number}")
+        arr = decode_bodies(schema, values, 2)
+        return evolve_array(arr, self._row_field) if number != self.number else arr
+
+
+class KeyLayout:
+    """The primary key (bucket-key columns first) of a table and its storage key encoding."""
+
+    def __init__(self, schema: pa.Schema, primary_key: list[str], bucket_key: list[str] | None = None):
+        bucket_key = list(bucket_key or primary_key)
+        self.primary_key = list(primary_key)
+        self.bucket_key = bucket_key
+        # Storage order: the bucket key as a prefix, then the rest of the primary key.
+        self.storage_order = bucket_key + [c for c in primary_key if c not in bucket_key]
+        self.key_schema = pa.schema([schema.field(c).with_nullable(False) for c in self.storage_order])
+        self.prefix_schema = pa.schema([schema.field(c).with_nullable(False) for c in bucket_key])
+
+    def check_keys(self, data: pa.RecordBatch | pa.Table, what: str = "row", columns: list[str] | None = None) -> None:
+        """Refuse batches without every key column, or with a null in one (InvalidRecordError)."""
+        columns = columns or self.primary_key
+        missing = [c for c in columns if c not in data.schema.names]
+        if missing:
+            raise InvalidRecordError(f"{what}s lack primary-key column(s) {missing} (primary key {self.primary_key})")
+        for c in columns:
+            col = data.column(c)
+            if col.null_count:
+                first = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+                raise InvalidRecordError(f"{what} {first}: primary-key column {c!r} is null",
+                                         record_errors=[(first, f"primary-key column {c!r} is null")])
+
+    def _encode(self, data, schema: pa.Schema) -> pa.Array:
+        cols = []
+        for f in schema:
+            col = data.column(f.name)
+            if isinstance(col, pa.ChunkedArray):
+                col = col.combine_chunks()
+            if col.type != f.type:
+                try:
+                    col = col.cast(f.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise InvalidRecordError(
+                        f"key column {f.name!r} has type {col.type}, the table's is {f.type}: {exc}") from None
+            cols.append(col)
+        arr = pa.StructArray.from_arrays(cols, fields=list(schema))
+        body = encode_avro(avro_node(schema), arr)
+        return pc.binary_join_element_wise(pa.scalar(DATA_PREFIX, pa.binary()), body, _EMPTY)
+
+    def storage_keys(self, data: pa.RecordBatch | pa.Table) -> pa.Array:
+        """RocksDB keys of the rows (or key rows) of `data`."""
+        return self._encode(data, self.key_schema)
+
+    def prefix_keys(self, data: pa.RecordBatch | pa.Table) -> pa.Array:
+        """RocksDB key prefixes of bucket-key rows."""
+        return self._encode(data, self.prefix_schema)
+
+    def decode_keys(self, keys: pa.Array) -> pa.StructArray:
+        return decode_bodies(self.key_schema, keys, len(DATA_PREFIX))
