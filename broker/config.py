@@ -61,6 +61,15 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {c.name: c for c in [
     TopicConfigDef("flush.ms", "9223372036854775807", "long", "Informational; see the broker's flush policy."),
     TopicConfigDef("fluvial.value.format", "raw", "string", "Value format on the Kafka path.", ("raw", "avro", "json")),
     TopicConfigDef("fluvial.value.schema", "", "string", "Avro schema of the values (value format avro)."),
+    TopicConfigDef("fluvial.primary.key", "", "string",
+                   "Primary-key columns, comma-separated: the table keeps the latest row per key and a changelog."),
+    TopicConfigDef("fluvial.bucket.key", "", "string",
+                   "Bucket-key columns (a prefix of the primary key; default the whole key), for prefix lookups."),
+    TopicConfigDef("fluvial.key.format", "", "string", "Format of the Kafka key of a primary-key table "
+                   "(default: the value format).", ("", "avro", "json")),
+    TopicConfigDef("fluvial.merge.engine", "last_row", "string", "How a write merges with the current row of its key.",
+                   ("last_row", "first_row", "versioned")),
+    TopicConfigDef("fluvial.version.column", "", "string", "Version column of merge engine 'versioned'."),
 ]}
 
 
