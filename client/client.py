@@ -252,6 +252,7 @@ class Scan:
         self.end = end
         self.buckets = list(buckets) if buckets is not None else list(range(table.info.buckets))
         self.stats = ScanStats()  # the server's figures, summed over buckets, once read
+        self.bucket_stats: dict[int, ScanStats] = {}  # per bucket, with the offset each stream ended at
         self.schema: pa.Schema | None = None
 
     def _request(self, bucket: int, follow: bool) -> ScanRequest:
@@ -263,6 +264,9 @@ class Scan:
         client = self.table.client._flight
         reader = client.do_get(flight.Ticket(self._request(bucket, follow).to_bytes()))
         readers[bucket] = reader
+        if stop.is_set():  # the consumer left before this stream was registered for cancelling
+            reader.cancel()
+            return
         emit(("schema", reader.schema))
         while not stop.is_set():
             try:
@@ -272,7 +276,7 @@ class Scan:
             if chunk.app_metadata is not None:
                 stats = ScanStats.from_bytes(chunk.app_metadata.to_pybytes())
                 if stats is not None:
-                    emit(("stats", stats))
+                    emit(("stats", bucket, stats))
             if chunk.data is not None and chunk.data.num_rows:
                 emit(("batch", bucket, chunk.data))
 
@@ -325,11 +329,13 @@ class Scan:
 
     def _events(self, follow: bool) -> Iterator[tuple[int, pa.RecordBatch]]:
         self.stats = ScanStats()
+        self.bucket_stats = {}
         for item in self._stream(follow):
             if item[0] == "schema":
                 self.schema = item[1]
             elif item[0] == "stats":
-                self.stats.add(item[1])
+                self.bucket_stats[item[1]] = item[2]
+                self.stats.add(item[2])
             else:
                 yield item[1], item[2]
 

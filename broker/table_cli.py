@@ -1,0 +1,235 @@
+"""`fluvial table ...` and `fluvial scan ...`: tables through the table API (Arrow Flight)."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+from fluvial.broker.cli import subcommand
+
+TYPES = {
+    "int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(), "string": pa.string(),
+    "bool": pa.bool_(), "bytes": pa.binary(), "date": pa.date32(), "timestamp": pa.timestamp("ms", tz="UTC"),
+}
+_WHERE = re.compile(r"^\s*(\S+)\s+(=|!=|<=|>=|<|>|not in|in|is_null|not_null)\s*(.*?)\s*$")
+
+
+def _url_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="grpc://127.0.0.1:8815", help="the broker's table API (Flight) location")
+
+
+def _connect(args):
+    from fluvial.client import connect
+    return connect(args.url)
+
+
+def _fail(exc: Exception) -> int:
+    print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 1
+
+
+def parse_column(spec: str) -> pa.Field:
+    """`name:type`, with `!` after the type for a column that must hold a value (`id:long!`)."""
+    name, _, kind = spec.partition(":")
+    required = kind.endswith("!")
+    kind = kind.rstrip("!")
+    if not name or kind not in TYPES:
+        raise SystemExit(f"column {spec!r} must be name:type (type one of {', '.join(TYPES)}; '!' = required)")
+    return pa.field(name, TYPES[kind], nullable=not required)
+
+
+def parse_where(text: str) -> tuple[str, str, Any]:
+    """`price > 10`, `city in ["Oslo","Lima"]`, `note is_null`: values are JSON, else text."""
+    m = _WHERE.match(text)
+    if m is None:
+        raise SystemExit(f"filter {text!r} must look like 'column op value' (ops = != < <= > >= in, not in, "
+                         "is_null, not_null)")
+    column, op, raw = m.groups()
+    if op in ("is_null", "not_null"):
+        return column, op, None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return column, op, value
+
+
+def format_rows(table: pa.Table, max_width: int = 40) -> str:
+    """A plain text grid of the rows."""
+    names = table.column_names
+    cells = [[_cell(v, max_width) for v in col.to_pylist()] for col in table.columns]
+    widths = [max([len(n), *(len(c) for c in col)]) for n, col in zip(names, cells)]
+    lines = [" | ".join(n.ljust(w) for n, w in zip(names, widths)),
+             "-+-".join("-" * w for w in widths)]
+    for i in range(table.num_rows):
+        lines.append(" | ".join(col[i].ljust(w) for col, w in zip(cells, widths)))
+    return "\n".join(lines)
+
+
+def _cell(value: Any, max_width: int) -> str:
+    text = "null" if value is None else value.hex() if isinstance(value, bytes) and not _printable(value) \
+        else value.decode() if isinstance(value, bytes) else str(value)
+    return text if len(text) <= max_width else text[:max_width - 1] + "…"
+
+
+def _printable(b: bytes) -> bool:
+    try:
+        return b.decode().isprintable()
+    except UnicodeDecodeError:
+        return False
+
+
+# ---- tables -----------------------------------------------------------------
+
+def table_list(args) -> int:
+    try:
+        with _connect(args) as client:
+            for name in client.list_tables():
+                print(name)
+    except Exception as exc:  # noqa: BLE001 - a tool reports every failure the same way
+        return _fail(exc)
+    return 0
+
+
+def table_describe(args) -> int:
+    try:
+        with _connect(args) as client:
+            info = client.describe(args.table)
+    except Exception as exc:  # noqa: BLE001
+        return _fail(exc)
+    print(f"table {info.name}: {info.kind} table, {info.buckets} bucket(s), Kafka values {info.kafka_format}")
+    columns = pa.table({
+        "field_id": [int((f.metadata or {}).get(b"fluvial.field_id", b"-1")) for f in info.schema],
+        "column": info.schema.names,
+        "type": [str(f.type) for f in info.schema],
+        "nullable": [f.nullable for f in info.schema]})
+    print(format_rows(columns))
+    print()
+    print(format_rows(pa.table({"bucket": [o.bucket for o in info.offsets],
+                                "log_start": [o.log_start for o in info.offsets],
+                                "high_watermark": [o.high_watermark for o in info.offsets]})))
+    return 0
+
+
+def table_create(args) -> int:
+    schema = pa.schema([parse_column(c) for c in args.column]) if args.column else None
+    configs = {}
+    for item in args.config or []:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise SystemExit(f"config {item!r} must look like name=value")
+        configs[k] = v
+    try:
+        with _connect(args) as client:
+            t = client.create_table(args.table, schema, buckets=args.buckets, kafka_format=args.kafka_format,
+                                    configs=configs)
+    except Exception as exc:  # noqa: BLE001
+        return _fail(exc)
+    print(f"created table {t.name} ({t.info.buckets} bucket(s), Kafka values {t.info.kafka_format})")
+    return 0
+
+
+def table_drop(args) -> int:
+    try:
+        with _connect(args) as client:
+            client.drop_table(args.table)
+    except Exception as exc:  # noqa: BLE001
+        return _fail(exc)
+    print(f"dropped table {args.table}")
+    return 0
+
+
+@subcommand
+def register_table(sub) -> None:
+    p = sub.add_parser("table", help="list, describe, create and drop tables (table API)")
+    ts = p.add_subparsers(dest="table_command", required=True)
+    q = ts.add_parser("list")
+    _url_arg(q)
+    q.set_defaults(run=table_list)
+    q = ts.add_parser("describe")
+    q.add_argument("table")
+    _url_arg(q)
+    q.set_defaults(run=table_describe)
+    q = ts.add_parser("create", help="a log table; without --column a raw table (binary 'value')")
+    q.add_argument("table")
+    q.add_argument("--column", action="append", metavar="NAME:TYPE",
+                   help=f"a user column (repeat); types: {', '.join(TYPES)}; add '!' for a required column")
+    q.add_argument("--buckets", type=int, default=1)
+    q.add_argument("--kafka-format", choices=["json", "avro"], default=None,
+                   help="how Kafka clients see the rows of a table with columns (default json)")
+    q.add_argument("--config", action="append", metavar="NAME=VALUE")
+    _url_arg(q)
+    q.set_defaults(run=table_create)
+    q = ts.add_parser("drop")
+    q.add_argument("table")
+    _url_arg(q)
+    q.set_defaults(run=table_drop)
+
+
+# ---- scan -------------------------------------------------------------------
+
+def _limited(batches: Iterable[pa.RecordBatch], limit: int | None) -> Iterable[pa.RecordBatch]:
+    seen = 0
+    for batch in batches:
+        if limit is not None and seen + batch.num_rows >= limit:
+            yield batch.slice(0, limit - seen)
+            return
+        seen += batch.num_rows
+        yield batch
+
+
+def scan(args) -> int:
+    columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
+    filters = [parse_where(w) for w in args.where or []]
+    start: Any = int(args.start) if args.start.lstrip("-").isdigit() else args.start
+    buckets = [int(b) for b in args.buckets.split(",")] if args.buckets else None
+    limit = None if args.follow and args.limit is None else (args.limit if args.limit is not None else 20)
+    try:
+        with _connect(args) as client:
+            s = client.table(args.table).scan(columns=columns, filter=filters, start=start, buckets=buckets)
+            if args.follow:
+                header = True
+                stream = s.follow()
+                try:
+                    for batch in _limited(stream, limit):
+                        text = format_rows(pa.Table.from_batches([batch]))
+                        print(text if header else text.split("\n", 2)[2], flush=True)
+                        header = False
+                finally:
+                    stream.close()
+                return 0
+            stream = s.to_batches()
+            try:
+                batches = list(_limited(stream, limit))
+            finally:
+                stream.close()
+    except KeyboardInterrupt:
+        return 0
+    except Exception as exc:  # noqa: BLE001
+        return _fail(exc)
+    rows = pa.Table.from_batches(batches, schema=s.schema) if batches else None
+    if rows is None or rows.num_rows == 0:
+        print("(no rows)")
+    else:
+        print(format_rows(rows))
+        print(f"({rows.num_rows} row{'s' if rows.num_rows != 1 else ''})")
+    return 0
+
+
+@subcommand
+def register_scan(sub) -> None:
+    p = sub.add_parser("scan", help="print rows of a table, reading only the columns asked for")
+    p.add_argument("table")
+    p.add_argument("--columns", help="comma-separated columns (default all; system columns such as _offset "
+                                     "when named)")
+    p.add_argument("--where", action="append", metavar="'COLUMN OP VALUE'", help="a filter (repeat: AND)")
+    p.add_argument("--start", default="earliest", help="earliest (default), latest or an offset")
+    p.add_argument("--buckets", help="comma-separated buckets (default all)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many rows (default 20; following: none)")
+    p.add_argument("--follow", action="store_true", help="keep printing rows as they are appended")
+    _url_arg(p)
+    p.set_defaults(run=scan)
