@@ -60,3 +60,46 @@ def test_old_and_new_versions_of_the_group_apis(broker, topic_name):
     # An empty group takes standalone commits (generation -1), as assign() consumers and tools send.
     assert commit(c, group, -1, "", [(topic_name, 0, 0, "")]) == {(topic_name, 0): 0}
     c.close()
+
+
+GroupsOwned = {
+    ApiKey.FIND_COORDINATOR: (0, 6), ApiKey.JOIN_GROUP: (0, 9), ApiKey.SYNC_GROUP: (0, 5),
+    ApiKey.HEARTBEAT: (0, 4), ApiKey.LEAVE_GROUP: (0, 5), ApiKey.DESCRIBE_GROUPS: (0, 6),
+    ApiKey.LIST_GROUPS: (0, 5), ApiKey.DELETE_GROUPS: (0, 2), ApiKey.OFFSET_COMMIT: (2, 9),
+    ApiKey.OFFSET_FETCH: (1, 9), ApiKey.OFFSET_DELETE: (0, 0), ApiKey.INIT_PRODUCER_ID: (0, 5),
+}
+
+
+def test_every_advertised_version_is_answered(broker, topic_name):
+    """Each version a client may pick gets a well-formed answer on a connection that stays open."""
+    c = RawClient(broker.bootstrap)
+    versions = c.call(ApiKey.API_VERSIONS, 3, dict(client_software_name="t", client_software_version="1"))
+    advertised = {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}
+    for api, expected in GroupsOwned.items():
+        assert advertised[api] == expected, ApiKey(api).name
+    group = f"all-{topic_name}"
+    commit_topic = request_class(ApiKey.OFFSET_COMMIT).OffsetCommitRequestTopic
+    bodies = {
+        ApiKey.FIND_COORDINATOR: lambda v: dict(key=group, key_type=0, coordinator_keys=[group]),
+        ApiKey.JOIN_GROUP: lambda v: dict(group_id=group, session_timeout_ms=10, rebalance_timeout_ms=10,
+                                          member_id="", protocol_type="consumer", protocols=[]),
+        ApiKey.SYNC_GROUP: lambda v: dict(group_id=group, generation_id=1, member_id="m", assignments=[]),
+        ApiKey.HEARTBEAT: lambda v: dict(group_id=group, generation_id=1, member_id="m"),
+        ApiKey.LEAVE_GROUP: lambda v: dict(group_id=group, member_id="m", members=[]),
+        ApiKey.DESCRIBE_GROUPS: lambda v: dict(groups=[group]),
+        ApiKey.LIST_GROUPS: lambda v: dict(states_filter=[], types_filter=[]),
+        ApiKey.DELETE_GROUPS: lambda v: dict(groups_names=[group]),
+        ApiKey.OFFSET_COMMIT: lambda v: dict(group_id=group, generation_id_or_member_epoch=-1, member_id="",
+                                             topics=[commit_topic(name=topic_name, partitions=[
+                                                 commit_topic.OffsetCommitRequestPartition(
+                                                     partition_index=0, committed_offset=0, committed_metadata=None)])]),
+        ApiKey.OFFSET_FETCH: lambda v: dict(group_id=group, topics=None if v >= 2 else [],
+                                            groups=[FetchGroup(group_id=group, topics=None)]),
+        ApiKey.OFFSET_DELETE: lambda v: dict(group_id=group, topics=[]),
+        ApiKey.INIT_PRODUCER_ID: lambda v: dict(transactional_id=None, transaction_timeout_ms=60_000),
+    }
+    for api, (lo, hi) in GroupsOwned.items():
+        for version in range(lo, hi + 1):
+            response = c.call(api, version, bodies[api](version))
+            assert response is not None, (ApiKey(api).name, version)
+    c.close()
