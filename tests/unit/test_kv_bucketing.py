@@ -1,0 +1,35 @@
+"""murmur2 bucketing: the same partitions as Kafka's Java default partitioner."""
+from __future__ import annotations
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.partitioner.default import murmur2 as kafka_python_murmur2
+
+from fluvial.kv.bucketing import bucket_of, buckets_of, murmur2, murmur2_array
+
+
+def test_values_from_kafkas_utils_test():
+    # Apache Kafka's UtilsTest#testMurmur2 expectations.
+    assert murmur2(b"21") == -973932308
+    assert murmur2(b"foobar") == -790332482
+    assert murmur2(b"a-little-bit-long-string") == -985981536
+    assert murmur2(b"a-little-bit-longer-string") == -1486304829
+    assert murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8") == -58897971
+    assert murmur2(b"abc") == 479470107
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=40), min_size=1, max_size=50), st.integers(1, 64))
+def test_vectorized_matches_a_reference_per_key(keys, buckets):
+    hashes = murmur2_array(pa.array(keys, pa.binary()))
+    expected = [kafka_python_murmur2(k) & 0xFFFFFFFF for k in keys]
+    assert hashes.tolist() == expected
+    assert buckets_of(pa.array(keys, pa.binary()), buckets).tolist() == [
+        (h & 0x7FFFFFFF) % buckets for h in expected]
+
+
+def test_sliced_arrays_and_single_keys():
+    arr = pa.array([b"x", b"21", b"foobar"], pa.binary()).slice(1)
+    assert murmur2_array(arr).view("int32").tolist() == [-973932308, -790332482]
+    assert bucket_of(b"foobar", 7) == (-790332482 & 0x7FFFFFFF) % 7
