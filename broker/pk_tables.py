@@ -1,0 +1,907 @@
+"""Primary-key tables in the broker: KV tablets per bucket, the write path, lookups and the Kafka views.
+
+A table created with `fluvial.primary.key` keeps, beside each bucket's log tablet (its
+changelog and write-ahead log), a KV tablet with the current row of every key. Writes
+from Kafka producers and from the table API go through `write_rows`: merge off the event
+loop, changelog appended on it, then RocksDB. The companion topic `<table>.changelog`
+serves the same log tablets read-only with -U rows; the table's own topic serves the
+upsert stream.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fluvial.broker import kafka_batches
+from fluvial.broker.broker import on_start, on_stop
+from fluvial.broker.log import BatchMeta, StoredBatch
+from fluvial.broker.tables import Bucket, Table
+from fluvial.errors import FluvialError, InvalidConfigError, InvalidRecordError, InvalidTableError
+from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec, SnapshotInfo, SnapshotStore
+from fluvial.kv.bucketing import buckets_of
+from fluvial.kv.tablet import CHANGE_COLUMN, SOURCE_COLUMN
+from fluvial.protocol.errors import ErrorCode
+from fluvial.protocol.records import BatchHeader, RecordColumns, build_batch, decode_records
+
+log = logging.getLogger(__name__)
+
+PRIMARY_KEY = "fluvial.primary.key"
+BUCKET_KEY = "fluvial.bucket.key"
+KEY_FORMAT = "fluvial.key.format"
+MERGE_ENGINE = "fluvial.merge.engine"
+VERSION_COLUMN = "fluvial.version.column"
+VALUE_FORMAT = "fluvial.value.format"
+VALUE_SCHEMA = "fluvial.value.schema"
+CHANGELOG_SUFFIX = ".changelog"
+CHANGE_HEADER = "fluvial.change"
+
+# Snapshots: every SNAPSHOT_INTERVAL_S seconds for buckets that changed, keeping SNAPSHOT_RETAIN.
+SNAPSHOT_INTERVAL_S = float(os.environ.get("FLUVIAL_KV_SNAPSHOT_INTERVAL_S", "600"))
+SNAPSHOT_RETAIN = int(os.environ.get("FLUVIAL_KV_SNAPSHOT_RETAIN", "3"))
+# Writes smaller than this many rows merge on the event loop: a thread hop costs more.
+INLINE_ROWS = 256
+_REPLAY_CHUNK_BYTES = 16 << 20
+_LABELS = [c.label.encode() for c in ChangeType]
+
+
+def _columns(text: str | None) -> list[str]:
+    return [c.strip() for c in (text or "").split(",") if c.strip()]
+
+
+def is_primary_key(table: Table) -> bool:
+    """A primary-key table (not its changelog view)."""
+    return bool(table.configs.get(PRIMARY_KEY)) and not isinstance(table, ChangelogTable)
+
+
+def _state(table: Table) -> "PkTable":
+    pk = getattr(table, "pk", None)
+    if pk is None:
+        raise InvalidRequestLike(f"table {table.name!r} has no primary key")
+    return pk
+
+
+class InvalidRequestLike(FluvialError):
+    code = ErrorCode.INVALID_REQUEST
+    http_status = 400
+
+
+class ReadOnlyTableError(FluvialError):
+    """A write to the read-only changelog view of a primary-key table."""
+    code = ErrorCode.INVALID_TOPIC_EXCEPTION
+    http_status = 400
+
+
+# ---------------------------------------------------------------- key formats
+
+class KeyFormat:
+    """The Kafka key of a row: its primary-key columns in the table's key format. The
+    canonical encoding is what the broker stores in `_key` and hashes for the bucket."""
+
+    def __init__(self, name: str, codec, schema_id: int):
+        self.name = name
+        self.codec = codec
+        self.schema_id = schema_id
+
+    def encode(self, key_rows: pa.StructArray) -> pa.Array:
+        return self.codec.encode(key_rows, np.full(len(key_rows), self.schema_id, np.int32))
+
+    def decode(self, keys: pa.Array) -> pa.StructArray:
+        columns, _ = self.codec.decode(keys)
+        return columns
+
+
+def key_avro_schema(table_name: str, key_schema: pa.Schema) -> dict:
+    from fluvial.schema.arrow_mapping import arrow_to_avro
+    name = "".join(ch if ch.isalnum() else "_" for ch in table_name)
+    return arrow_to_avro(key_schema, f"{name}_key")
+
+
+# ---------------------------------------------------------------- per-table state
+
+@dataclass
+class BucketKv:
+    """One bucket's KV tablet, its write lock and its snapshots."""
+
+    bucket: Bucket
+    tablet: KvTablet
+    snapshots: SnapshotStore
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    snapshot_offset: int = -1
+
+
+class PkTable:
+    """What a primary-key table has beside its log tablets."""
+
+    def __init__(self, table: Table, schema: pa.Schema, layout: KeyLayout, spec: MergeSpec,
+                 key_format: KeyFormat, bucket_key_format: KeyFormat, schema_id: int):
+        self.table = table
+        self.schema = schema
+        self.layout = layout
+        self.spec = spec
+        self.key_format = key_format
+        self.bucket_key_format = bucket_key_format
+        self.schema_id = schema_id
+        self.buckets: list[BucketKv] = []
+        self.changelog: ChangelogTable | None = None
+
+    def kafka_keys(self, rows: pa.RecordBatch | pa.StructArray) -> pa.Array:
+        return self.key_format.encode(_select(rows, self.layout.primary_key, self.schema))
+
+    def bucket_ids(self, rows: pa.RecordBatch | pa.Table) -> np.ndarray:
+        """The bucket of each row (or key row), from its canonical bucket-key bytes."""
+        if self.layout.bucket_key == self.layout.primary_key:
+            keys = self.kafka_keys(rows)
+        else:
+            keys = self.bucket_key_format.encode(_select(rows, self.layout.bucket_key, self.schema))
+        return buckets_of(keys, len(self.table.buckets))
+
+
+def _select(rows, columns: list[str], schema: pa.Schema) -> pa.StructArray:
+    if isinstance(rows, pa.StructArray):
+        names = [rows.type.field(i).name for i in range(rows.type.num_fields)]
+        arrays = [rows.field(names.index(c)) for c in columns]
+    else:
+        arrays = [rows.column(c) for c in columns]
+        arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
+    fields = [schema.field(c).with_nullable(False) for c in columns]
+    arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, fields)]
+    return pa.StructArray.from_arrays(arrays, fields=fields)
+
+
+# ---------------------------------------------------------------- the changelog view
+
+class _ReadOnlyTablet:
+    """The log tablet as the changelog topic sees it: readable, never written or removed
+    through this name (the table owns it)."""
+
+    def __init__(self, tablet):
+        self._tablet = tablet
+
+    def __getattr__(self, name):
+        return getattr(self._tablet, name)
+
+    def append(self, *args, **kwargs):
+        raise ReadOnlyTableError("the changelog topic of a primary-key table is read-only")
+
+    def close(self) -> None:
+        pass
+
+    def delete(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def maybe_flush(self, now_ms: int | None = None) -> bool:
+        return False
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        return 0
+
+
+class ChangelogBucket:
+    """A bucket of the changelog topic: the table bucket's log, read-only."""
+
+    def __init__(self, table: "ChangelogTable", source: Bucket):
+        self.table = table
+        self.index = source.index
+        self.source = source
+        self.tablet = _ReadOnlyTablet(source.tablet)
+        self.group_commit = source.group_commit
+        self.leader_epoch = source.leader_epoch
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.table.name, self.index)
+
+    def append(self, records, meta):
+        raise ReadOnlyTableError(f"{self.table.name} is the read-only changelog of table {self.source.table.name}; "
+                                 "write to the table itself")
+
+    def data_arrived(self) -> asyncio.Event:
+        return self.source.data_arrived()
+
+
+@dataclass
+class ChangelogTable(Table):
+    """`<table>.changelog`: the full changelog (+I, -U, +U, -D) of a primary-key table."""
+
+    source: Table | None = None
+
+    def fixed_buckets_reason(self) -> str | None:
+        return "it is the read-only changelog of a primary-key table"
+
+
+def _changelog_view(table: Table) -> ChangelogTable:
+    view = ChangelogTable(table.name + CHANGELOG_SUFFIX, uuid.uuid5(table.topic_id, "changelog"),
+                          dict(table.configs), table.created_ms, source=table)
+    view.value_format = table.value_format
+    view.buckets = [ChangelogBucket(view, b) for b in table.buckets]
+    return view
+
+
+# ---------------------------------------------------------------- the service
+
+class PkTableService:
+    """Opens KV tablets for primary-key tables, validates their creation, takes snapshots."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.kv_dir = Path(broker.config.data_dir) / "kv"
+        self.snapshot_dir = Path(broker.config.data_dir) / "kv-snapshots"
+        self.kv_dir.mkdir(parents=True, exist_ok=True)
+        self.tables: dict[str, PkTable] = {}
+
+    @property
+    def registry(self):
+        return self.broker.extensions.get("registry")
+
+    # -- creation ------------------------------------------------------------------------
+    def before_create(self, name: str, configs: dict[str, str], validate_only: bool) -> None:
+        if name.endswith(CHANGELOG_SUFFIX):
+            raise InvalidTableError(f"Topic name {name!r} ends with the reserved suffix {CHANGELOG_SUFFIX!r} "
+                                    "(the changelog topics of primary-key tables)")
+        if not validate_only:
+            for d in (self.kv_dir, self.snapshot_dir):
+                for stale in d.glob(f"{name}-*"):
+                    if stale.name[len(name) + 1:].isdigit():
+                        shutil.rmtree(stale, ignore_errors=True)
+        pk_cols = _columns(configs.get(PRIMARY_KEY))
+        others = [c for c in (BUCKET_KEY, KEY_FORMAT, MERGE_ENGINE, VERSION_COLUMN) if configs.get(c)]
+        if not pk_cols:
+            if others:
+                raise InvalidConfigError(f"{others} need a primary key ({PRIMARY_KEY})")
+            return
+        fmt = configs.get(VALUE_FORMAT, "raw")
+        if fmt not in ("avro", "json"):
+            raise InvalidConfigError(f"a primary-key table needs typed values: set {VALUE_FORMAT} avro or json "
+                                     f"and {VALUE_SCHEMA}")
+        schema = self._value_schema(name, configs)
+        table_spec(schema, configs)  # raises InvalidConfigError
+        key_fmt = configs.get(KEY_FORMAT) or fmt
+        if key_fmt not in ("avro", "json"):
+            raise InvalidConfigError(f"Invalid value {key_fmt!r} for {KEY_FORMAT}: must be avro or json")
+        # The changelog is the write-ahead log and the source of restores: kept unless told.
+        configs.setdefault("retention.ms", "-1")
+        if key_fmt == "avro" and not validate_only:
+            self._register_key_schema(name, schema, configs)
+
+    def _value_schema(self, name: str, configs: dict[str, str]) -> pa.Schema:
+        from fluvial.schema.registry import parse_schema
+        text = configs.get(VALUE_SCHEMA)
+        if text:
+            try:
+                return parse_schema(text, "AVRO").arrow_schema
+            except Exception as exc:  # noqa: BLE001 - reported as a config error
+                raise InvalidConfigError(f"Invalid {VALUE_SCHEMA}: {exc}") from None
+        latest = self.registry.latest(f"{name}-value") if self.registry else None
+        if latest is None:
+            raise InvalidConfigError(f"a primary-key table needs a value schema ({VALUE_SCHEMA})")
+        return latest[1].arrow_schema
+
+    def _register_key_schema(self, name: str, schema: pa.Schema, configs: dict[str, str]) -> int:
+        from fluvial.schema.registry import parse_schema
+        layout = KeyLayout(schema, _columns(configs.get(PRIMARY_KEY)), _columns(configs.get(BUCKET_KEY)) or None)
+        key_schema = pa.schema([schema.field(c).with_nullable(False) for c in layout.primary_key])
+        parsed = parse_schema(json.dumps(key_avro_schema(name, key_schema)), "AVRO")
+        subject = f"{name}-key"
+        try:
+            return self.registry.lookup(subject, parsed).schema_id
+        except Exception:  # noqa: BLE001 - not registered yet
+            return self.registry.register(subject, parsed)[0]
+
+    # -- opening -------------------------------------------------------------------------
+    def attach(self, table: Table) -> None:
+        """Open hook: give a primary-key table its KV tablets (recovering them) and its changelog view."""
+        if isinstance(table, ChangelogTable) or not table.configs.get(PRIMARY_KEY):
+            return
+        fmt = table.value_format
+        codec = getattr(fmt, "codec", None)
+        if codec is None:
+            log.error("primary-key table %s has no typed value format; its KV tablets stay closed", table.name)
+            return
+        schema = codec.table_schema
+        layout, spec = table_spec(schema, table.configs)
+        key_name = table.configs.get(KEY_FORMAT) or fmt.name
+        key_format = self._key_format(table.name, key_name, schema, layout.primary_key)
+        bucket_key_format = self._key_format(table.name, key_name, schema, layout.bucket_key, bucket=True)
+        schema_id = self._value_schema_id(table)
+        pk = PkTable(table, schema, layout, spec, key_format, bucket_key_format, schema_id)
+        for bucket in table.buckets:
+            pk.buckets.append(self._open_bucket(pk, bucket))
+        table.pk = pk
+        # The bucket of a row is fixed by its key's hash over the bucket count.
+        table.fixed_buckets_reason = lambda: "rows are placed in buckets by the hash of their key"
+        self.tables[table.name] = pk
+        view = _changelog_view(table)
+        pk.changelog = view
+        manager = self.broker.tables
+        manager.tables[view.name] = view
+        manager.by_id[view.topic_id] = view
+
+    def _value_schema_id(self, table: Table) -> int:
+        if table.value_format.name != "avro":
+            return 0  # plain JSON values
+        latest = self.registry.latest(f"{table.name}-value")
+        return latest[0].schema_id if latest else 0
+
+    def _key_format(self, name: str, fmt: str, schema: pa.Schema, columns: list[str], bucket: bool = False) -> KeyFormat:
+        from fluvial.schema.codecs import AvroValueCodec, JsonValueCodec
+        key_schema = pa.schema([schema.field(c).with_nullable(False) for c in columns])
+        if fmt == "json":
+            return KeyFormat("json", JsonValueCodec(self.registry, f"{name}-key", key_schema), 0)
+        if bucket:
+            # A bucket key shorter than the primary key is hashed in its canonical JSON form
+            # (no schema id to agree on): only the native client computes it.
+            return KeyFormat("json", JsonValueCodec(self.registry, f"{name}-key", key_schema), 0)
+        from fluvial.schema.registry import parse_schema
+        parsed = parse_schema(json.dumps(key_avro_schema(name, key_schema)), "AVRO")
+        subject = f"{name}-key"
+        try:
+            schema_id = self.registry.lookup(subject, parsed).schema_id
+        except Exception:  # noqa: BLE001 - a table created before its key schema was registered
+            schema_id = self.registry.register(subject, parsed)[0]
+        return KeyFormat("avro", AvroValueCodec(self.registry, subject, key_schema), schema_id)
+
+    def _open_bucket(self, pk: PkTable, bucket: Bucket) -> BucketKv:
+        path = self.kv_dir / f"{pk.table.name}-{bucket.index}"
+        snapshots = SnapshotStore(self.snapshot_dir / f"{pk.table.name}-{bucket.index}", SNAPSHOT_RETAIN)
+        tablet = open_kv_tablet(path, pk, bucket, snapshots)
+        kv = BucketKv(bucket, tablet, snapshots)
+        latest = snapshots.latest()
+        kv.snapshot_offset = latest.log_offset if latest else -1
+        return kv
+
+    # -- snapshots -----------------------------------------------------------------------
+    async def snapshot(self, table: Table, *, only_changed: bool = False) -> list[SnapshotInfo]:
+        """Checkpoint every bucket's KV tablet (on demand, or periodically when changed)."""
+        pk = _state(table)
+        loop = asyncio.get_running_loop()
+        out = []
+        for kv in pk.buckets:
+            async with kv.lock:
+                if only_changed and kv.tablet.applied_offset == kv.snapshot_offset:
+                    continue
+                info = await loop.run_in_executor(self.broker.io_executor, kv.snapshots.take, kv.tablet)
+                kv.snapshot_offset = info.log_offset
+                out.append(info)
+        return out
+
+    async def snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SNAPSHOT_INTERVAL_S)
+            self._forget_deleted()
+            for pk in list(self.tables.values()):
+                try:
+                    await self.snapshot(pk.table, only_changed=True)
+                except Exception:
+                    log.exception("KV snapshot of %s failed", pk.table.name)
+
+    def _forget_deleted(self) -> None:
+        """Tables deleted since: close their KV tablets, drop their views and files."""
+        manager = self.broker.tables
+        for name, pk in list(self.tables.items()):
+            if manager.tables.get(name) is pk.table:
+                continue
+            del self.tables[name]
+            view = pk.changelog
+            if view is not None and manager.tables.get(view.name) is view:
+                del manager.tables[view.name]
+                manager.by_id.pop(view.topic_id, None)
+            for kv in pk.buckets:
+                kv.tablet.close()
+                shutil.rmtree(kv.tablet.path, ignore_errors=True)
+                kv.snapshots.delete_all()
+
+    def close(self) -> None:
+        for pk in self.tables.values():
+            for kv in pk.buckets:
+                try:
+                    kv.tablet.close()
+                except Exception:
+                    log.exception("closing KV tablet %s failed", kv.tablet.path)
+
+
+def table_spec(schema: pa.Schema, configs: dict[str, str]) -> tuple[KeyLayout, MergeSpec]:
+    """The key layout and merge settings of a table, or InvalidConfigError naming what is wrong."""
+    pk_cols = _columns(configs.get(PRIMARY_KEY))
+    missing = [c for c in pk_cols if c not in schema.names]
+    if missing:
+        raise InvalidConfigError(f"primary-key column(s) {missing} are not columns of the table {schema.names}")
+    if len(set(pk_cols)) != len(pk_cols):
+        raise InvalidConfigError(f"primary key {pk_cols} names a column twice")
+    for c in pk_cols:
+        t = schema.field(c).type
+        if pa.types.is_nested(t) or pa.types.is_floating(t) or pa.types.is_dictionary(t):
+            raise InvalidConfigError(f"primary-key column {c!r} has type {t}: keys must be integers, strings, "
+                                     "bytes, booleans, decimals, dates or timestamps")
+    bucket_key = _columns(configs.get(BUCKET_KEY)) or pk_cols
+    if bucket_key != pk_cols[:len(bucket_key)] or not bucket_key:
+        raise InvalidConfigError(f"bucket key {bucket_key} must be a prefix of the primary key {pk_cols}")
+    spec = MergeSpec.of(schema, pk_cols, configs.get(MERGE_ENGINE), configs.get(VERSION_COLUMN))
+    return KeyLayout(schema, pk_cols, bucket_key), spec
+
+
+def open_kv_tablet(path: Path, pk: PkTable, bucket: Bucket, snapshots: SnapshotStore) -> KvTablet:
+    """The bucket's KV tablet in line with its log: opened and caught up, or restored from
+    the latest snapshot (or rebuilt from the whole log) when missing, corrupt or ahead."""
+    log_tablet = bucket.tablet
+    end = log_tablet.log_end_offset
+    tablet = None
+    if path.exists():
+        try:
+            tablet = KvTablet.open(path, pk.schema, pk.layout, pk.spec, create=False)
+        except KvTabletError as exc:
+            log.warning("KV tablet %s cannot be opened (%s); restoring it", path, exc)
+        if tablet is not None and tablet.applied_offset > end:
+            log.warning("KV tablet %s is ahead of its log (%d > %d); restoring it", path, tablet.applied_offset, end)
+            tablet.close()
+            tablet = None
+    if tablet is None:
+        shutil.rmtree(path, ignore_errors=True)
+        latest = snapshots.latest(max_offset=end)
+        if latest is not None:
+            snapshots.restore(latest, path)
+            log.info("KV tablet %s restored from snapshot %d (offset %d)", path, latest.snapshot_id, latest.log_offset)
+        elif log_tablet.log_start_offset > 0 and end > 0:
+            raise KvTabletError(f"KV tablet {path} is missing, no snapshot covers it and the changelog "
+                                f"starts at {log_tablet.log_start_offset}: it cannot be rebuilt")
+        tablet = KvTablet.open(path, pk.schema, pk.layout, pk.spec, create=True)
+    catch_up(tablet, log_tablet)
+    return tablet
+
+
+def catch_up(tablet: KvTablet, log_tablet) -> int:
+    """Replay the changelog after the tablet's applied offset."""
+    applied = 0
+    started = time.monotonic()
+    while tablet.applied_offset < log_tablet.log_end_offset:
+        batches = log_tablet.read(max(tablet.applied_offset, log_tablet.log_start_offset), _REPLAY_CHUNK_BYTES)
+        if not batches:
+            break
+        before = tablet.applied_offset
+        applied += tablet.replay(s.batch for s in batches)
+        if tablet.applied_offset == before:
+            # Batches without rows past the applied offset: step over them.
+            tablet.applied_offset = batches[-1].meta.next_offset
+    if applied:
+        log.info("KV tablet %s: replayed %d changelog rows in %.2fs", tablet.path, applied,
+                 time.monotonic() - started)
+    return applied
+
+
+# ---------------------------------------------------------------- writes
+
+def _service(broker=None) -> PkTableService:
+    svc = _SERVICE.get("service")
+    if svc is None:
+        raise InvalidRequestLike("primary-key tables are not enabled in this broker")
+    return svc
+
+
+_SERVICE: dict[str, PkTableService] = {}
+
+
+@dataclass
+class WriteRows:
+    """The rows of one write to one bucket, as decoded from Kafka or given by the table API."""
+
+    rows: pa.RecordBatch
+    deletes: np.ndarray | None = None
+    partial_columns: list[str] | None = None
+    timestamps: np.ndarray | None = None  # int64 ms per row
+    headers: pa.Array | None = None  # Kafka record headers per row
+
+
+async def write_rows(bucket: Bucket, rows: pa.RecordBatch, *, deletes: np.ndarray | None = None,
+                     partial_columns: list[str] | None = None, meta: BatchMeta | None = None,
+                     timestamps: np.ndarray | None = None, headers: pa.Array | None = None,
+                     check_bucket: bool = True) -> BatchMeta:
+    """Upsert/delete rows of one bucket: merge (off the loop when large), append the
+    changelog to the log tablet, then apply to RocksDB. Returns the changelog's meta
+    (record_count 0 when nothing changed). Raises InvalidRecordError; then nothing is written."""
+    pk = _state(bucket.table)
+    kv = pk.buckets[bucket.index]
+    loop = asyncio.get_running_loop()
+    n = rows.num_rows
+    async with kv.lock:
+        def prepare():
+            if check_bucket:
+                _check_bucket(pk, rows, bucket.index)
+            write = kv.tablet.prepare(rows, deletes=deletes, partial_columns=partial_columns)
+            if write.empty:
+                return write, None
+            return write, _stored_changelog(pk, write.changelog, timestamps, headers)
+
+        if n > INLINE_ROWS:
+            write, stored = await loop.run_in_executor(_service().broker.cpu_executor, prepare)
+        else:
+            write, stored = prepare()
+        if stored is None:
+            end = bucket.tablet.log_end_offset
+            return BatchMeta(base_offset=end, last_offset_delta=-1, record_count=0,
+                             base_timestamp=-1, max_timestamp=-1)
+        ts = stored.column("_timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)
+        m = stored.num_rows
+        base = meta or BatchMeta(base_offset=-1, last_offset_delta=0, record_count=0, base_timestamp=0,
+                                 max_timestamp=0)
+        out_meta = dataclasses.replace(base, base_offset=-1, last_offset_delta=m - 1, record_count=m,
+                                       base_timestamp=int(ts.min()), max_timestamp=int(ts.max()),
+                                       schema_id=pk.schema_id if pk.table.value_format.name == "avro" else base.schema_id)
+        written = bucket.append(stored, out_meta)
+        try:
+            if len(write.keys) > INLINE_ROWS:
+                await loop.run_in_executor(_service().broker.io_executor, kv.tablet.apply, write, written.next_offset)
+            else:
+                kv.tablet.apply(write, written.next_offset)
+        except Exception:
+            # The changelog holds the write; RocksDB catches up from it.
+            log.exception("applying a write to KV tablet %s failed; replaying the changelog", kv.tablet.path)
+            catch_up(kv.tablet, bucket.tablet)
+        return written
+
+
+def _check_bucket(pk: PkTable, rows: pa.RecordBatch, index: int) -> None:
+    pk.layout.check_keys(rows)
+    expected = pk.bucket_ids(rows)
+    wrong = np.flatnonzero(expected != index)
+    if wrong.size:
+        i = int(wrong[0])
+        msg = (f"the key of record {i} belongs to partition {int(expected[i])}, not {index} "
+               f"(murmur2 of the key bytes mod {len(pk.table.buckets)}, the Java client's default partitioner; "
+               "librdkafka clients set partitioner=murmur2_random)")
+        raise InvalidRecordError(msg, record_errors=[(int(j), f"key belongs to partition {int(expected[j])}")
+                                                     for j in wrong[:100]])
+
+
+def _stored_changelog(pk: PkTable, changelog: pa.RecordBatch, timestamps: np.ndarray | None,
+                      headers: pa.Array | None) -> pa.RecordBatch:
+    """The changelog rows as the log tablet stores them (system columns, then the user ones)."""
+    m = changelog.num_rows
+    src = changelog.column(SOURCE_COLUMN).to_numpy(zero_copy_only=False)
+    if timestamps is None:
+        ts = np.full(m, kafka_batches.now_ms(), np.int64)
+    else:
+        ts = np.asarray(timestamps, np.int64)[src]
+    hdrs = headers.take(pa.array(src)) if headers is not None else pa.nulls(m, kafka_batches.HEADERS_TYPE)
+    user = pa.RecordBatch.from_arrays([changelog.column(f.name) for f in pk.schema], schema=pk.schema)
+    keys = pk.kafka_keys(user)
+    schema = kafka_batches.stored_schema(pk.table.value_format)
+    by_name = {
+        "_timestamp": pa.array(ts, kafka_batches.TIMESTAMP_TYPE),
+        "_change": changelog.column(CHANGE_COLUMN),
+        "_key": keys,
+        "_headers": hdrs,
+        "_schema_id": pa.array(np.full(m, pk.schema_id, np.int32)),
+    }
+    arrays = []
+    for f in schema:
+        col = by_name[f.name] if f.name in by_name else user.column(f.name)
+        arrays.append(col if col.type == f.type else col.cast(f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+async def write_table_rows(table: Table, rows: pa.RecordBatch | pa.Table, *, deletes: np.ndarray | None = None,
+                           partial_columns: list[str] | None = None) -> list[BatchMeta]:
+    """Table API writes: rows of any buckets, split by their key's bucket, each bucket written
+    in turn (durable per the broker's flush policy when this returns)."""
+    pk = _state(table)
+    if isinstance(rows, pa.Table):
+        rows = rows.combine_chunks()
+        rows = rows.to_batches()[0] if rows.num_rows else pa.RecordBatch.from_pylist([], rows.schema)
+    n = rows.num_rows
+    if n == 0:
+        return []
+    pk.layout.check_keys(rows)
+    # Refuse bad writes before any bucket is written.
+    pk.spec.check_write(rows.schema.names, deletes=deletes is not None and bool(np.asarray(deletes).any()),
+                        partial_columns=partial_columns)
+    ids = pk.bucket_ids(rows)
+    out = []
+    durable = []
+    for b in np.unique(ids):
+        sel = np.flatnonzero(ids == b)
+        part = rows if sel.size == n else rows.take(pa.array(sel))
+        dels = None if deletes is None else np.asarray(deletes, bool)[sel]
+        bucket = table.buckets[int(b)]
+        written = await write_rows(bucket, part, deletes=dels, partial_columns=partial_columns, check_bucket=False)
+        out.append(written)
+        if written.record_count and _service().broker.config.flush_policy == "ack":
+            durable.append(bucket.group_commit.wait_durable(written.next_offset))
+    if durable:
+        await asyncio.gather(*durable)
+    return out
+
+
+# ---------------------------------------------------------------- the Kafka produce path
+
+def check_producible(table: Table) -> None:
+    """Refuse produce requests to a changelog topic (ReadOnlyTableError)."""
+    if isinstance(table, ChangelogTable):
+        raise ReadOnlyTableError(f"{table.name} is the read-only changelog of table {table.source.name}; "
+                                 "produce to the table itself")
+
+
+def to_write(bucket: Bucket, wire: memoryview, header: BatchHeader, *,
+             log_append_time_ms: int | None = None) -> tuple[WriteRows, BatchMeta]:
+    """Decode a produced v2 batch of a primary-key table into rows to write: the key is the
+    primary key, the value the row, a null value deletes. Raises InvalidRecordError."""
+    pk = _state(bucket.table)
+    cols: RecordColumns = decode_records(wire, header)
+    n = len(cols.offset_delta)
+    if n != header.records_count or n == 0:
+        raise InvalidRecordError(f"batch declares {header.records_count} records but holds {n}")
+    if not np.array_equal(cols.offset_delta, np.arange(n, dtype=cols.offset_delta.dtype)):
+        raise InvalidRecordError("record offset deltas of a produced batch must be 0..n-1")
+    keys, values = cols.keys, cols.values
+    if keys.null_count:
+        bad = np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))
+        raise InvalidRecordError(
+            f"record {int(bad[0])} has no key: records of a primary-key table carry the primary key as their key",
+            record_errors=[(int(i), "record has no key (the primary key)") for i in bad])
+    tombstone = values.is_null().to_numpy(zero_copy_only=False)
+    try:
+        key_rows = pk.key_format.decode(keys)
+    except InvalidRecordError as exc:
+        raise InvalidRecordError(f"record keys are not primary keys in the table's key format "
+                                 f"({pk.key_format.name}): {exc.message}", record_errors=exc.record_errors) from None
+    upserts = np.flatnonzero(~tombstone)
+    schema = pk.schema
+    columns: dict[str, pa.Array] = {}
+    if upserts.size:
+        value_rows, ids = bucket.table.value_format.codec.decode(values.take(pa.array(upserts)))
+        # Keys and values must name the same row.
+        value_keys = pk.kafka_keys(value_rows)
+        sent_keys = pk.key_format.encode(key_rows.take(pa.array(upserts)))
+        differ = np.flatnonzero(~pc.fill_null(pc.equal(value_keys, sent_keys), False).to_numpy(zero_copy_only=False))
+        if differ.size:
+            i = int(upserts[differ[0]])
+            raise InvalidRecordError(
+                f"record {i}: its key does not match the primary-key columns {pk.layout.primary_key} of its value",
+                record_errors=[(int(upserts[j]), "key does not match the value's primary-key columns") for j in differ])
+        scatter = np.full(n, -1, np.int64)
+        scatter[upserts] = np.arange(upserts.size)
+        idx = pa.array(scatter, mask=scatter < 0)
+        names = [value_rows.type.field(i).name for i in range(value_rows.type.num_fields)]
+        for f in schema:
+            columns[f.name] = value_rows.field(names.index(f.name)).take(idx)
+    key_names = [key_rows.type.field(i).name for i in range(key_rows.type.num_fields)]
+    for c in pk.layout.primary_key:
+        columns[c] = key_rows.field(key_names.index(c)).cast(schema.field(c).type)
+    arrays = [columns.get(f.name, pa.nulls(n, f.type)) for f in schema]
+    rows = pa.RecordBatch.from_arrays(arrays, schema=pa.schema([f.with_nullable(True) for f in schema]))
+    _check_bucket(pk, rows, bucket.index)
+    if log_append_time_ms is not None:
+        ts = np.full(n, log_append_time_ms, np.int64)
+        base_ts = max_ts = log_append_time_ms
+        attributes = (header.attributes & 0x07) | kafka_batches.ATTR_LOG_APPEND_TIME
+    else:
+        ts = np.asarray(cols.timestamp_delta, np.int64) + header.base_timestamp
+        base_ts, max_ts = header.base_timestamp, header.max_timestamp
+        attributes = header.attributes & 0x07
+    meta = BatchMeta(base_offset=-1, last_offset_delta=n - 1, record_count=n, base_timestamp=base_ts,
+                     max_timestamp=max_ts, producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+                     base_sequence=header.base_sequence, attributes=attributes,
+                     partition_leader_epoch=header.partition_leader_epoch)
+    return WriteRows(rows, tombstone if tombstone.any() else None, None, ts, cols.headers), meta
+
+
+async def produce(bucket: Bucket, write: WriteRows, meta: BatchMeta) -> BatchMeta:
+    """Produce path: write what `to_write` decoded (the bucket was checked there)."""
+    return await write_rows(bucket, write.rows, deletes=write.deletes, partial_columns=write.partial_columns,
+                            meta=meta, timestamps=write.timestamps, headers=write.headers, check_bucket=False)
+
+
+# ---------------------------------------------------------------- the Kafka fetch views
+
+def kafka_view(table: Table):
+    """How fetch encodes the stored batches of `table`, or None for a log table:
+    `view(stored, compression_type=..., leader_epoch=...) -> bytes | None` (None: nothing
+    of the batch is shown; skip it). The table's topic shows the upsert stream (+I/+U rows,
+    -D as tombstones, no -U); `<table>.changelog` every change. Both carry the change type
+    in the record header `fluvial.change`."""
+    if isinstance(table, ChangelogTable):
+        return lambda stored, **kw: changelog_wire(table.source, stored, full=True, **kw)
+    if is_primary_key(table):
+        return lambda stored, **kw: changelog_wire(table, stored, full=False, **kw)
+    return None
+
+
+def changelog_wire(table: Table, stored: StoredBatch, *, full: bool, compression_type: str = "producer",
+                   leader_epoch: int = 0) -> bytes | None:
+    """A stored changelog batch as a Kafka v2 batch, in the upsert or the full view."""
+    meta, batch = stored.meta, stored.batch
+    change = batch.column("_change").to_numpy(zero_copy_only=False)
+    if not full:
+        keep = np.flatnonzero(change != ChangeType.UPDATE_BEFORE)
+        if keep.size == 0:
+            return None
+        if keep.size < batch.num_rows:
+            batch = batch.take(pa.array(keep))
+            change = change[keep]
+    fmt = kafka_batches.format_of(StoredBatch(meta, batch), table.value_format)
+    values = fmt.to_values(batch, meta.schema_id)
+    if not full:
+        deleted = change == ChangeType.DELETE
+        if deleted.any():
+            values = pc.if_else(pa.array(deleted), pa.scalar(None, pa.binary()), values)
+    ts = batch.column("_timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    offsets = batch.column("_offset").to_numpy(zero_copy_only=False)
+    cols = RecordColumns(
+        timestamp_delta=(ts - meta.base_timestamp).astype(np.int64),
+        offset_delta=(offsets - meta.base_offset).astype(np.int32),
+        keys=batch.column("_key"),
+        values=values,
+        headers=with_change_header(batch.column("_headers"), change),
+    )
+    return build_batch(base_offset=meta.base_offset, partition_leader_epoch=leader_epoch,
+                       attributes=meta.attributes & ~kafka_batches.ATTR_CODEC_MASK,
+                       base_timestamp=meta.base_timestamp, max_timestamp=meta.max_timestamp,
+                       producer_id=meta.producer_id, producer_epoch=meta.producer_epoch,
+                       base_sequence=meta.base_sequence, columns=cols,
+                       compression=kafka_batches.fetch_codec(compression_type, meta),
+                       last_offset_delta=meta.last_offset_delta)
+
+
+def with_change_header(headers: pa.Array, change: np.ndarray) -> pa.Array:
+    """Each row's headers plus `fluvial.change: <+I|-U|+U|-D>` at the end."""
+    if isinstance(headers, pa.ChunkedArray):
+        headers = headers.combine_chunks()
+    n = len(headers)
+    headers = headers.fill_null(pa.scalar([], kafka_batches.HEADERS_TYPE)) if headers.null_count else headers
+    old_offsets = headers.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    old_offsets = old_offsets - old_offsets[0]
+    old_values = headers.values.slice(headers.offsets[0].as_py(), int(old_offsets[-1]))
+    lengths = np.diff(old_offsets)
+    new_offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths + 1, out=new_offsets[1:])
+    total = int(new_offsets[-1])
+    # Positions: old header j of row r moves to j + r; the change header of row r is last.
+    take = np.empty(total, np.int64)
+    rows_of_old = np.repeat(np.arange(n), lengths)
+    take[np.arange(old_offsets[-1]) + rows_of_old] = np.arange(old_offsets[-1])
+    take[new_offsets[1:] - 1] = old_offsets[-1] + change.astype(np.int64)
+    labels = pa.StructArray.from_arrays(
+        [pa.array([CHANGE_HEADER] * len(_LABELS), pa.string()), pa.array(_LABELS, pa.binary())],
+        fields=list(kafka_batches.HEADERS_TYPE.value_type))
+    values = pa.concat_arrays([old_values.cast(labels.type), labels]).take(pa.array(take))
+    return pa.ListArray.from_arrays(pa.array(new_offsets.astype(np.int32)), values, type=kafka_batches.HEADERS_TYPE)
+
+
+# ---------------------------------------------------------------- reads
+
+def lookup(table: Table, keys: pa.Table | pa.RecordBatch | list[dict]) -> pa.Table:
+    """The current rows of the given primary keys (key columns; rows not found left out)."""
+    pk = _state(table)
+    keys = _as_table(keys, pk.layout.primary_key)
+    pk.layout.check_keys(keys, "key")
+    if keys.num_rows == 0:
+        return pk.schema.empty_table()
+    ids = pk.bucket_ids(keys)
+    parts = []
+    for b in np.unique(ids):
+        sel = np.flatnonzero(ids == b)
+        parts.append(pk.buckets[int(b)].tablet.lookup(keys.take(pa.array(sel))))
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
+def prefix_lookup(table: Table, prefixes: pa.Table | pa.RecordBatch | list[dict]) -> pa.Table:
+    """The current rows whose bucket-key columns (a prefix of the primary key) equal one of `prefixes`."""
+    pk = _state(table)
+    prefixes = _as_table(prefixes, pk.layout.bucket_key)
+    pk.layout.check_keys(prefixes, "prefix", pk.layout.bucket_key)
+    if prefixes.num_rows == 0:
+        return pk.schema.empty_table()
+    ids = pk.bucket_ids(prefixes)
+    parts = []
+    for b in np.unique(ids):
+        sel = np.flatnonzero(ids == b)
+        parts.append(pk.buckets[int(b)].tablet.prefix_lookup(prefixes.take(pa.array(sel))))
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
+def _as_table(data, columns: list[str]) -> pa.Table:
+    if isinstance(data, list):
+        return pa.Table.from_pylist(data) if data else pa.table({c: pa.array([]) for c in columns})
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    return data
+
+
+async def snapshot(table: Table) -> list[SnapshotInfo]:
+    """Take a KV snapshot of every bucket of a primary-key table now."""
+    return await _service().snapshot(table)
+
+
+def snapshots(table: Table) -> list[list[SnapshotInfo]]:
+    """The snapshots kept for each bucket, oldest first."""
+    return [kv.snapshots.list() for kv in _state(table).buckets]
+
+
+async def full_read(bucket: Bucket) -> tuple[pa.Table, int]:
+    """The bucket's current rows and the changelog offset they cover: reading the changelog
+    from that offset on continues exactly where the rows end."""
+    pk = _state(bucket.table)
+    kv = pk.buckets[bucket.index]
+    async with kv.lock:
+        offset = kv.tablet.applied_offset
+        snap = kv.tablet.db.snapshot()
+    loop = asyncio.get_running_loop()
+
+    def read() -> pa.Table:
+        batches = list(_scan_snapshot(kv.tablet, snap))
+        return pa.Table.from_batches(batches, schema=pk.schema) if batches else pk.schema.empty_table()
+
+    return await loop.run_in_executor(_service().broker.cpu_executor, read), offset
+
+
+def _scan_snapshot(tablet: KvTablet, snap) -> list[pa.RecordBatch]:
+    from fluvial.kv.row_codec import DATA_PREFIX
+    it = snap.iter()
+    it.seek(DATA_PREFIX)
+    values: list[bytes] = []
+    out = []
+    while it.valid() and it.key().startswith(DATA_PREFIX):
+        values.append(it.value())
+        if len(values) >= 8192:
+            out.append(tablet._rows_batch(pa.array(values, pa.binary())))
+            values = []
+        it.next()
+    if values:
+        out.append(tablet._rows_batch(pa.array(values, pa.binary())))
+    return out
+
+
+# ---------------------------------------------------------------- start / stop
+
+@on_start
+async def start_pk_tables(broker) -> None:
+    from fluvial.broker import broker as broker_module
+    if "registry" not in broker.extensions and "fluvial.broker.registry_service" in broker_module.SERVICES:
+        # Imported by a handler before the registry service registered its hook: the value
+        # formats are attached by then, so run again after the remaining start hooks.
+        broker_module._START_HOOKS.append(start_pk_tables)
+        return
+    while broker_module._START_HOOKS.count(start_pk_tables) > 1:
+        # Drop the deferred copy (the last one) so the next broker of this process starts once.
+        del broker_module._START_HOOKS[len(broker_module._START_HOOKS) - 1 -
+                                      broker_module._START_HOOKS[::-1].index(start_pk_tables)]
+    if "pk_tables" in broker.extensions:
+        return
+    service = PkTableService(broker)
+    _SERVICE["service"] = service
+    broker.extensions["pk_tables"] = service
+    broker.tables.create_hooks.append(service.before_create)
+    broker.tables.open_hooks.append(service.attach)
+    for table in list(broker.tables.tables.values()):
+        service.attach(table)
+    broker._background.append(asyncio.create_task(service.snapshot_loop(), name="kv-snapshots"))
+
+
+@on_stop
+async def stop_pk_tables(broker) -> None:
+    service = broker.extensions.pop("pk_tables", None)
+    if service is not None:
+        service.close()
+    _SERVICE.pop("service", None)
+
+
+def sequence_meta(written: BatchMeta, produced: BatchMeta) -> BatchMeta:
+    """What the idempotent-producer state records for a produce to a primary-key table: the
+    changelog's base offset with the producer's own sequence span (its record count, not
+    the changelog's row count, which differs)."""
+    return dataclasses.replace(written, base_sequence=produced.base_sequence,
+                               last_offset_delta=produced.last_offset_delta, record_count=produced.record_count,
+                               producer_id=produced.producer_id, producer_epoch=produced.producer_epoch)
