@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fluvial.broker import kafka_batches
+from fluvial.broker import kafka_batches, pk_tables
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.errors import FluvialError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
@@ -26,7 +26,17 @@ def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int) -> tu
     compression = bucket.table.config("compression.type")
     out: list[bytes] = []
     size = 0
+    pk_view = pk_tables.kafka_view(bucket.table)
     for stored in bucket.tablet.read(offset, max_bytes):
+        if pk_view is not None:
+            wire = pk_view(stored, compression_type=compression, leader_epoch=bucket.leader_epoch)
+            if wire is None:
+                continue
+            if out and size + len(wire) > max_bytes:
+                break
+            out.append(wire)
+            size += len(wire)
+            continue
         wire = None
         if compression == "producer":
             wire = cache.get(bucket.table.name, bucket.index, stored.meta.base_offset)

@@ -10,7 +10,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from fluvial.broker import kafka_batches
+from fluvial.broker import kafka_batches, pk_tables
 from fluvial.broker.handlers import Deferred, RequestContext, handles
 from fluvial.errors import FluvialError, InvalidRecordError, MessageTooLargeError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
@@ -51,6 +51,7 @@ def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
     part = _Part(topic, index, None)
     try:
         table = ctx.broker.tables.get(topic)
+        pk_tables.check_producible(table)
         part.bucket = table.bucket(index)
         if records is None:
             raise InvalidRecordError("produce request without records")
@@ -73,6 +74,10 @@ def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
 
 def _convert(part: _Part, log_append_time: int | None) -> None:
     try:
+        if pk_tables.is_primary_key(part.bucket.table):
+            part.converted = pk_tables.to_write(part.bucket, memoryview(part.wire), part.header,
+                                                log_append_time_ms=log_append_time)
+            return
         part.converted = kafka_batches.to_arrow(memoryview(part.wire), part.header,
                                                 log_append_time_ms=log_append_time,
                                                 value_format=part.bucket.table.value_format)
@@ -126,13 +131,17 @@ async def produce(ctx: RequestContext, request):
                                                    log_append_time_ms=-1,
                                                    log_start_offset=bucket.tablet.log_start_offset)
                     continue
-            written = bucket.append(records, meta)
+            pk = pk_tables.is_primary_key(bucket.table)
+            if pk:
+                written = await pk_tables.produce(bucket, records, meta)
+            else:
+                written = bucket.append(records, meta)
             if producer_state is not None and meta.producer_id >= 0:
-                producer_state.record(bucket, written)
+                producer_state.record(bucket, pk_tables.sequence_meta(written, meta) if pk else written)
         except FluvialError as exc:
             p.response = _error(p.index, exc)
             continue
-        if p.topic not in lat:
+        if p.topic not in lat and not pk:
             set_base_offset(p.wire, written.base_offset, bucket.leader_epoch)
             broker.wire_cache.put(p.topic, p.index, written.base_offset, bytes(p.wire))
         p.response = PartitionResponse(index=p.index, error_code=0, base_offset=written.base_offset,
