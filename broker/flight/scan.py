@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fluvial.broker.flight.catalog import BUCKET, column_field, user_schema
-from fluvial.broker.log import StoredBatch
+from fluvial.broker.log import BatchMeta
 from fluvial.broker.tables import Bucket
 from fluvial.client.errors import UnknownColumnError
 from fluvial.client.wire import COMPARISONS, FILTER_OPS, ScanRequest, ScanStats
@@ -36,6 +36,18 @@ class Filter:
     column: str
     op: str
     value: Any  # a pa.Scalar of the column's type, a pa.Array for in/not in, None for null tests
+
+    @property
+    def stats_value(self) -> Any:
+        """The value as batch statistics hold it: temporal values as their integer storage."""
+        value = self.value
+        if value is None:
+            return None
+        t = value.type
+        if pa.types.is_temporal(t) or pa.types.is_duration(t):
+            storage = pa.int64() if t.bit_width == 64 else pa.int32()
+            value = value.view(storage) if isinstance(value, pa.Array) else value.cast(storage)
+        return value.to_pylist() if isinstance(value, pa.Array) else value.as_py()
 
     @property
     def plain_value(self) -> Any:
@@ -134,36 +146,24 @@ def resolve_offsets(bucket: Bucket, start: Any, end: int | None, follow: bool) -
 
 # -- batch skipping -----------------------------------------------------------------------
 
-def batch_may_match(stored: StoredBatch, filters: list[Filter]) -> bool:
-    """False when the batch's per-column statistics prove no row passes the filters.
+def batch_may_match(meta: BatchMeta, stats: dict | None, filters: list[Filter]) -> bool:
+    """False when the batch's per-column statistics (min, max, null count, recorded by the
+    log tablet at append) prove that no row passes the filters.
 
-    The one place batches are skipped. Batches without statistics are always read."""
-    stats = getattr(stored, "stats", None)
+    The one place batches are skipped. Columns without statistics never decide."""
     if not filters or not stats:
         return True
-    rows = stored.meta.record_count
+    rows = meta.record_count
     for f in filters:
-        col = _column_stats(stats, f.column)
+        col = stats.get(f.column)
         if col is None:
             continue
-        low, high, nulls = col
         try:
-            if not _range_may_match(f, low, high, nulls, rows):
+            if not _range_may_match(f, col.min, col.max, col.null_count, rows):
                 return False
         except TypeError:
-            continue  # statistics of a type the value cannot be compared with: read the batch
+            continue  # bounds of a type the value cannot be compared with: read the batch
     return True
-
-
-def _column_stats(stats: Any, column: str) -> tuple[Any, Any, int | None] | None:
-    entry = stats.get(column) if isinstance(stats, dict) else getattr(stats, column, None)
-    if entry is None:
-        return None
-    if isinstance(entry, dict):
-        return entry.get("min"), entry.get("max"), entry.get("null_count")
-    if isinstance(entry, (tuple, list)) and len(entry) == 3:
-        return tuple(entry)
-    return getattr(entry, "min", None), getattr(entry, "max", None), getattr(entry, "null_count", None)
 
 
 def _py(v: Any) -> Any:
@@ -181,7 +181,7 @@ def _range_may_match(f: Filter, low: Any, high: Any, nulls: int | None, rows: in
         return False  # comparisons with null never hold
     if low is None or high is None:
         return True
-    v = f.plain_value
+    v = f.stats_value
     if f.op == "=":
         return low <= v <= high
     if f.op == "!=":
@@ -236,6 +236,17 @@ def _read_columns(batch: pa.RecordBatch, fields: list[pa.Field]) -> pa.RecordBat
     return evolve(batch.select(present), users).select(names)
 
 
+def _statistics(tablet, offset: int, last_base: int) -> dict[int, dict]:
+    """Column statistics of the batches from the one holding `offset` to the one at
+    `last_base`, by base offset (read from the batch headers only)."""
+    out = {}
+    for meta, columns in tablet.batch_statistics(offset):
+        if meta.base_offset > last_base:
+            break
+        out[meta.base_offset] = columns
+    return out
+
+
 def _output(batch: pa.RecordBatch, plan: ScanPlan) -> pa.RecordBatch:
     columns = []
     for f in plan.out_schema:
@@ -275,10 +286,11 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
             if wait_for_data is not None:
                 wait_for_data(offset)
             continue
+        bounds = _statistics(tablet, offset, stored[-1].meta.base_offset) if plan.filters else {}
         for sb in stored:
             stats.batches_read += 1
             meta = sb.meta
-            if not batch_may_match(sb, plan.filters):
+            if not batch_may_match(meta, bounds.get(meta.base_offset), plan.filters):
                 stats.batches_skipped += 1
                 offset = meta.next_offset
                 continue

@@ -4,8 +4,6 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as flight
@@ -18,6 +16,7 @@ from fluvial.broker.flight.errors import to_flight_error
 from fluvial.broker.flight.scan import Filter, batch_may_match, filter_mask, plan_scan, scan_bucket
 from fluvial.broker.kafka_batches import RAW, stored_schema
 from fluvial.broker.log import BatchMeta, LogConfig, LogTablet
+from fluvial.broker.log.statistics import compute_stats, decode_stats
 from fluvial.broker.tables import Bucket, Table
 from fluvial.client.errors import SchemaMismatchError, UnknownColumnError, from_flight
 from fluvial.client.wire import ScanRequest, ScanStats
@@ -26,25 +25,12 @@ from fluvial.errors import OffsetOutOfRangeError, UnknownTableError
 
 # ---------------------------------------------------------------- skipping
 
-@dataclass
-class ColumnStats:
-    min: object
-    max: object
-    null_count: int
-
-
-@dataclass
-class StatsBatch:
-    """A stored batch as the skipping function sees it: its meta and its statistics."""
-    meta: BatchMeta
-    stats: dict
-
-
-def stats_of(values: list) -> StatsBatch:
+def stats_of(values: list) -> tuple[BatchMeta, dict]:
+    """A batch's meta and statistics as the log tablet records them."""
     arr = pa.array(values, pa.int64())
-    mm = pc.min_max(arr)
+    batch = pa.record_batch({"x": arr})
     meta = BatchMeta(0, len(values) - 1, len(values), 0, 0)
-    return StatsBatch(meta, {"x": ColumnStats(mm["min"].as_py(), mm["max"].as_py(), arr.null_count)})
+    return meta, decode_stats(compute_stats(batch))
 
 
 def filt(op: str, value) -> Filter:
@@ -57,8 +43,8 @@ def filt(op: str, value) -> Filter:
 
 def test_batches_without_statistics_are_always_read():
     meta = BatchMeta(0, 0, 1, 0, 0)
-    assert batch_may_match(StatsBatch(meta, None), [filt("=", 5)])
-    assert batch_may_match(StatsBatch(meta, {}), [filt("=", 5)])
+    assert batch_may_match(meta, None, [filt("=", 5)])
+    assert batch_may_match(meta, {}, [filt("=", 5)])
 
 
 @pytest.mark.parametrize("op,value,kept", [
@@ -66,14 +52,23 @@ def test_batches_without_statistics_are_always_read():
     ("in", [1, 30], False), ("in", [1, 12], True), ("!=", 12, True), ("is_null", None, False), ("not_null", None, True),
 ])
 def test_range_statistics_decide(op, value, kept):
-    assert batch_may_match(stats_of([10, 12, 20]), [filt(op, value)]) is kept
+    assert batch_may_match(*stats_of([10, 12, 20]), [filt(op, value)]) is kept
 
 
 def test_all_null_batches_match_only_null_tests():
     b = stats_of([None, None])
-    assert not batch_may_match(b, [filt(">", 0)])
-    assert batch_may_match(b, [filt("is_null", None)])
-    assert not batch_may_match(b, [filt("not_null", None)])
+    assert not batch_may_match(*b, [filt(">", 0)])
+    assert batch_may_match(*b, [filt("is_null", None)])
+    assert not batch_may_match(*b, [filt("not_null", None)])
+
+
+def test_timestamp_filters_compare_with_the_stored_bounds():
+    ts = pa.array([dt.datetime(2024, 1, d, tzinfo=dt.timezone.utc) for d in (1, 2, 3)], pa.timestamp("ms", tz="UTC"))
+    batch = pa.record_batch({"ts": ts})
+    meta, stats = BatchMeta(0, 2, 3, 0, 0), decode_stats(compute_stats(batch))
+    late = dt.datetime(2024, 2, 1, tzinfo=dt.timezone.utc)
+    assert not batch_may_match(meta, stats, [Filter("ts", ">=", pa.scalar(late, ts.type))])
+    assert batch_may_match(meta, stats, [Filter("ts", "<", pa.scalar(late, ts.type))])
 
 
 OPS = ["=", "!=", "<", "<=", ">", ">=", "in", "not in", "is_null", "not_null"]
@@ -86,7 +81,7 @@ def test_a_skipped_batch_never_holds_a_matching_row(values, op, value, more):
     f = filt(op, [value, *more] if op in ("in", "not in") else value)
     batch = pa.record_batch({"x": pa.array(values, pa.int64())})
     matching = pc.sum(pc.cast(filter_mask(batch, [f]).fill_null(False), pa.int64())).as_py() or 0
-    if not batch_may_match(stats_of(values), [f]):
+    if not batch_may_match(*stats_of(values), [f]):
         assert matching == 0
 
 
@@ -181,6 +176,32 @@ def test_scan_slices_to_the_offset_range_and_sends_only_the_asked_columns(bucket
     assert len(batches) == 1  # small stored batches are sent together
     assert (stats.batches_read, stats.rows_read, stats.rows_sent, stats.end_offset) == (3, 24, 24, 37)
     assert stats.bytes_sent == pa.ipc.get_record_batch_size(batches[0])
+
+
+class IntColumnFormat:
+    """The part of a typed table's value format a scan uses: its user fields."""
+    name = "json"
+    user_fields = [pa.field("_schema_id", pa.int32(), nullable=False), pa.field("n", pa.int64())]
+
+
+def test_a_filter_skips_the_batches_whose_bounds_cannot_match(tmp_path):
+    table = Table("n", uuid.uuid4(), {}, 0)
+    table.value_format = IntColumnFormat()
+    tablet = LogTablet.open(tmp_path / "n-0", LogConfig())
+    executor = ThreadPoolExecutor(1)
+    bucket = Bucket(table, 0, tablet, executor)
+    try:
+        for k in range(8):
+            tablet.append(*to_stored(table, pa.record_batch({"n": pa.array(range(k * 100, k * 100 + 100))}), 0))
+        plan = plan_scan(bucket, ScanRequest("n", 0, ["_offset"], filter=[["n", ">=", 350], ["n", "<", 420]]))
+        stats = ScanStats()
+        got = pa.Table.from_batches(list(scan_bucket(plan, stats)))
+        assert got.column_names == ["_offset"]  # the filter column is read, not sent
+        assert got.column("_offset").to_pylist() == list(range(350, 420))
+        assert (stats.batches_read, stats.batches_skipped, stats.rows_read) == (8, 6, 200)
+    finally:
+        tablet.close()
+        executor.shutdown()
 
 
 def test_scan_plan_errors(bucket):
