@@ -50,5 +50,7 @@ def guard(items: Iterator) -> Iterator:
         yield from items
     except GeneratorExit:
         raise
+    except flight.FlightError:
+        raise
     except Exception as exc:
         raise to_flight_error(exc) from exc

@@ -148,6 +148,9 @@ class TableFlightServer(flight.FlightServerBase):
 
         def stream():
             yield from scan_bucket(plan, stats, lambda offset: self._wait_for_data(bucket, offset), cancelled)
+            if self.stopping and plan.follow:
+                # A follower must not mistake a broker going away for the end of its table.
+                raise flight.FlightUnavailableError("the broker is shutting down")
             yield _empty(plan.out_schema), pa.py_buffer(stats.to_bytes())
 
         return flight.GeneratorStream(plan.out_schema, guard(stream()))

@@ -83,3 +83,30 @@ def test_follow_of_appended_rows_and_clean_stop(broker, client, topic_name):
     assert sorted(r["n"] for r in got) == list(range(100))
     # The broker still serves after the follower went away.
     assert t.scan(columns=["n"]).to_arrow().num_rows == 102
+
+
+def test_a_follower_learns_that_the_broker_stopped(fresh_broker):
+    b = fresh_broker()
+    with fc.connect(b.flight_url) as client:
+        t = client.create_table("tail", pa.schema([("n", pa.int64())]))
+        t.append(pa.table({"n": [1]}))
+        outcome: list = []
+
+        def run():
+            try:
+                for batch in t.scan(columns=["n"]).follow():
+                    outcome.extend(batch.column("n").to_pylist())
+            except fc.FluvialError as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not outcome and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert outcome == [1]
+        started = time.monotonic()
+        assert b.stop() == 0
+        assert time.monotonic() - started < 15  # the open follower does not hold the shutdown
+        thread.join(10)
+        assert isinstance(outcome[-1], fc.BrokerUnavailableError), outcome

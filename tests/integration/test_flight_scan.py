@@ -102,6 +102,9 @@ def test_offsets_start_end_and_timestamps(broker, client, topic_name):
     assert later.column("_timestamp")[0].as_py() == base + dt.timedelta(minutes=2)
     # The default end is the high watermark when the scan starts.
     assert t.scan(columns=["n"]).to_pandas()["n"].tolist() == list(range(40))
+    pd = pytest.importorskip("pandas")
+    t.append(pd.DataFrame({"n": [40, 41]}))
+    assert t.scan(columns=["n"], start=40).to_pandas()["n"].tolist() == [40, 41]
 
 
 def _filtered_table(client, name: str) -> fc.Table:

@@ -1,0 +1,104 @@
+"""Primary-key tables on the table API: upsert/delete streams, lookups, prefix lookups, KV snapshots, full reads.
+
+An upsert or delete is a `DoPut` whose descriptor command is JSON `{"table", "op":
+"upsert"|"delete", "columns": [...] | null}` (`columns`: a partial update's target
+columns); each batch is acknowledged with `{"written": [[bucket, base_offset, rows], ...]}`
+once durable. Lookups are actions whose body carries the keys as base64 Arrow IPC and
+whose result is an Arrow IPC stream of the rows found.
+"""
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from fluvial.broker import pk_tables
+from fluvial.errors import InvalidRequestError
+
+LOOKUP = "lookup"
+PREFIX_LOOKUP = "prefix-lookup"
+KV_SNAPSHOT = "kv-snapshot"
+KV_SNAPSHOTS = "kv-snapshots"
+FULL_READ = "full-read"
+PK_OPS = ("upsert", "delete")
+
+ACTIONS = {
+    LOOKUP: "Current rows of primary keys. Body: {table, keys: base64 Arrow IPC of the key columns}; result: Arrow IPC.",
+    PREFIX_LOOKUP: "Current rows whose bucket key equals a prefix. Body: {table, prefixes: base64 Arrow IPC}; "
+                   "result: Arrow IPC.",
+    KV_SNAPSHOT: "Take a KV snapshot of every bucket now. Body: {table}; result: JSON list of snapshots.",
+    KV_SNAPSHOTS: "The KV snapshots kept per bucket. Body: {table}; result: JSON.",
+    FULL_READ: "Current rows of a bucket and the changelog offset they cover. Body: {table, bucket}; result: "
+               "Arrow IPC whose schema metadata `fluvial.log_offset` is the offset to scan the changelog from.",
+}
+
+
+def ipc_bytes(table: pa.Table, metadata: dict[str, str] | None = None) -> bytes:
+    schema = table.schema.with_metadata({**(table.schema.metadata or {}), **(metadata or {})})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as w:
+        w.write_table(table.cast(schema) if metadata else table)
+    return sink.getvalue().to_pybytes()
+
+
+def read_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def _arrow_body(body: dict, name: str) -> pa.Table:
+    text = body.get(name)
+    if not isinstance(text, str):
+        raise InvalidRequestError(f"the request carries no {name} (base64 Arrow IPC)")
+    return read_ipc(base64.b64decode(text))
+
+
+def pk_put_request(descriptor: flight.FlightDescriptor) -> dict | None:
+    """The upsert/delete request a DoPut descriptor carries, or None for an append."""
+    if descriptor.descriptor_type != flight.DescriptorType.CMD:
+        return None
+    try:
+        body = json.loads(descriptor.command)
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or body.get("op") not in PK_OPS:
+        return None
+    return body
+
+
+def do_put(server, body: dict, reader, writer) -> None:
+    """Upserts or deletes, batch by batch, each acknowledged once durable."""
+    table = server._table(body.get("table"))
+    pk_tables.pk_state(table)
+    columns = body.get("columns")
+    delete = body["op"] == "delete"
+    for chunk in reader:
+        batch = chunk.data
+        if batch is None or batch.num_rows == 0:
+            continue
+        deletes = np.ones(batch.num_rows, bool) if delete else None
+        written = server._on_loop(pk_tables.write_table_rows, table, batch, deletes, columns)
+        writer.write(pa.py_buffer(json.dumps(
+            {"written": [[b, w.base_offset, w.record_count] for b, w in written]}).encode()))
+
+
+def do_action(server, kind: str, body: dict) -> list[flight.Result] | None:
+    """Serve a primary-key action, or None when `kind` is not one."""
+    if kind not in ACTIONS:
+        return None
+    table = server._table(body.get("table"))
+    if kind == LOOKUP:
+        return [flight.Result(ipc_bytes(pk_tables.lookup(table, _arrow_body(body, "keys"))))]
+    if kind == PREFIX_LOOKUP:
+        return [flight.Result(ipc_bytes(pk_tables.prefix_lookup(table, _arrow_body(body, "prefixes"))))]
+    if kind == KV_SNAPSHOT:
+        infos = server._on_loop(pk_tables.snapshot, table)
+        return [flight.Result(json.dumps([i.to_json() for i in infos]).encode())]
+    if kind == KV_SNAPSHOTS:
+        per_bucket = pk_tables.snapshots(table)
+        return [flight.Result(json.dumps([[i.to_json() for i in b] for b in per_bucket]).encode())]
+    bucket = table.bucket(int(body.get("bucket", 0)))
+    rows, offset = server._on_loop(pk_tables.full_read, bucket)
+    return [flight.Result(ipc_bytes(rows, {"fluvial.log_offset": str(offset)}))]
