@@ -169,3 +169,23 @@ def test_range_filter_skips_batches_outside_the_range(client, topic_name):
     assert scan.to_arrow().column("id").to_pylist() == list(range(3000, 3500))
     assert scan.stats.batches_skipped >= 8, scan.stats
     assert scan.stats.batches_read == 10
+
+
+def test_batches_written_before_the_schema_evolved_are_read_under_the_new_schema(broker, client, topic_name):
+    sr = SchemaRegistryClient({"url": broker.http_url})
+    v1 = {"type": "record", "name": "E", "fields": [{"name": "id", "type": "int"}]}
+    v2 = {**v1, "fields": v1["fields"] + [{"name": "kind", "type": "string", "default": "plain"}]}
+    ctx = SerializationContext(topic_name, MessageField.VALUE)
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for schema, rec in [(v1, {"id": 1}), (v2, {"id": 2, "kind": "k"})]:
+        ser = AvroSerializer(sr, json.dumps(schema))
+        for _ in range(3):
+            p.produce(topic_name, value=ser(rec, ctx), partition=0)
+        assert p.flush(10) == 0
+    t = client.table(topic_name)
+    assert t.schema.names == ["id", "kind"]
+    got = t.scan(columns=["_offset", "id", "kind"]).to_arrow().to_pydict()
+    assert got == {"_offset": list(range(6)), "id": [1, 1, 1, 2, 2, 2], "kind": ["plain"] * 3 + ["k"] * 3}
+    assert t.scan(columns=["id"], filter=("kind", "=", "plain")).to_arrow().column("id").to_pylist() == [1, 1, 1]
+    t.append(pa.table({"id": pa.array([3], pa.int32()), "kind": ["native"]}))
+    assert t.scan(columns=["kind"], start=6).to_arrow().column("kind").to_pylist() == ["native"]
