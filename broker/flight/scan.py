@@ -184,6 +184,8 @@ def _range_may_match(f: Filter, low: Any, high: Any, nulls: int | None, rows: in
     v = f.stats_value
     if f.op == "=":
         return low <= v <= high
+    if f.op in ("!=", "not in") and pa.types.is_floating(f.value.type):
+        return True  # NaN is outside the bounds yet passes != and not in
     if f.op == "!=":
         return not (low == high == v)
     if f.op == "<":

@@ -62,6 +62,15 @@ def test_all_null_batches_match_only_null_tests():
     assert not batch_may_match(*b, [filt("not_null", None)])
 
 
+def test_nan_rows_keep_a_batch_for_not_equal():
+    batch = pa.record_batch({"x": pa.array([5.0, float("nan")])})
+    meta, stats = BatchMeta(0, 1, 2, 0, 0), decode_stats(compute_stats(batch))
+    f = Filter("x", "!=", pa.scalar(5.0))
+    assert filter_mask(batch, [f]).to_pylist() == [False, True]
+    assert batch_may_match(meta, stats, [f])
+    assert not batch_may_match(meta, stats, [Filter("x", ">", pa.scalar(5.0))])
+
+
 def test_timestamp_filters_compare_with_the_stored_bounds():
     ts = pa.array([dt.datetime(2024, 1, d, tzinfo=dt.timezone.utc) for d in (1, 2, 3)], pa.timestamp("ms", tz="UTC"))
     batch = pa.record_batch({"ts": ts})
