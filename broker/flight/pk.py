@@ -68,6 +68,13 @@ def pk_put_request(descriptor: flight.FlightDescriptor) -> dict | None:
     return body
 
 
+def refuse_append(table) -> None:
+    """Plain appends would bypass the merge: a primary-key table takes upserts and deletes."""
+    if pk_tables.is_primary_key(table):
+        raise InvalidRequestError(f"{table.name} is a primary-key table: write with upsert/delete, not append")
+    pk_tables.check_producible(table)
+
+
 def do_put(server, body: dict, reader, writer) -> None:
     """Upserts or deletes, batch by batch, each acknowledged once durable."""
     table = server._table(body.get("table"))
