@@ -13,6 +13,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from fluvial.client import pk
 from fluvial.client.errors import from_flight
 from fluvial.client.wire import (
     CREATE_TABLE, DESCRIBE, DROP_TABLE, LIST_TABLES, OFFSETS, Appended, AppendRequest, ScanRequest, ScanStats,
@@ -101,7 +102,9 @@ class Client:
         return TableInfo.from_json(self._action(DESCRIBE, {"table": name}))
 
     def create_table(self, name: str, schema: pa.Schema | None = None, *, buckets: int = 1,
-                     kafka_format: str | None = None, configs: dict[str, str] | None = None) -> "Table":
+                     kafka_format: str | None = None, configs: dict[str, str] | None = None,
+                     primary_key: Sequence[str] | None = None, bucket_key: Sequence[str] | None = None,
+                     merge_engine: str | None = None, version_column: str | None = None) -> "Table":
         """Create a log table. With `schema` (the user columns) its rows are typed; Kafka
         clients see each row as a compact JSON object (`kafka_format="json"`, the default)
         or as Avro (`"avro"`, schema derived from the Arrow one and registered under
@@ -110,8 +113,9 @@ class Client:
         >>> orders = client.create_table("orders", pa.schema([("id", pa.int64()), ("amount", pa.float64())]),
         ...                              buckets=3)
         """
+        configs = {**(configs or {}), **pk.table_configs(primary_key, bucket_key, merge_engine, version_column)}
         body = {"table": name, "schema": schema_to_b64(schema) if schema is not None else None,
-                "buckets": buckets, "kafka_format": kafka_format, "configs": configs or {}}
+                "buckets": buckets, "kafka_format": kafka_format, "configs": configs}
         return Table(self, TableInfo.from_json(self._action(CREATE_TABLE, body)))
 
     def drop_table(self, name: str) -> None:
@@ -195,6 +199,45 @@ class Table:
         finally:
             writer.close()
         return done
+
+    # -- primary-key tables (see fluvial.client.pk) ----------------------------------------
+
+    def upsert(self, data: Any, *, columns: Sequence[str] | None = None) -> list[tuple[int, int, int]]:
+        """Insert or update rows by primary key (Arrow table/batch, list of dicts, DataFrame).
+        With `columns` (the primary key and the target columns) a partial update: the other
+        columns keep their values. Returns (bucket, base_offset, changelog rows) per write,
+        once durable.
+
+        >>> accounts.upsert([{"id": 1, "owner": "ann", "balance": 10}])
+        """
+        return pk.write(self, data, "upsert", list(columns) if columns else None)
+
+    def delete(self, keys: Any) -> list[tuple[int, int, int]]:
+        """Delete rows by primary key (the key columns)."""
+        return pk.write(self, keys, "delete")
+
+    def lookup(self, keys: Any) -> pa.Table:
+        """The current rows of the given primary keys; keys without a row are left out.
+
+        >>> accounts.lookup([{"id": 1}, {"id": 2}])
+        """
+        return pk.lookup(self, keys)
+
+    def prefix_lookup(self, prefixes: Any) -> pa.Table:
+        """The current rows whose bucket-key columns (a prefix of the primary key) match."""
+        return pk.prefix_lookup(self, prefixes)
+
+    def snapshot(self) -> list[dict]:
+        """Take a KV snapshot of every bucket now; returns what was taken."""
+        return pk.snapshot(self)
+
+    def snapshots(self) -> list[list[dict]]:
+        """The KV snapshots kept for each bucket."""
+        return pk.snapshots(self)
+
+    def full_read(self) -> "pk.FullRead":
+        """Current rows plus the exact changelog offsets after them (`.changelog()` scans on)."""
+        return pk.full_read(self)
 
 
 def _as_batches(data: Any) -> list[pa.RecordBatch]:

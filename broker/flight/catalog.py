@@ -67,9 +67,10 @@ def describe(table: Table) -> dict:
     fmt = value_format_of(table)
     return {
         "name": table.name,
-        "kind": "log",
+        "kind": "primary_key" if table.configs.get("fluvial.primary.key") else "log",
         "buckets": len(table.buckets),
-        "primary_key": None,
+        "primary_key": [c.strip() for c in table.configs["fluvial.primary.key"].split(",")]
+        if table.configs.get("fluvial.primary.key") else None,
         "kafka_format": fmt.name,
         "schema": schema_to_b64(schema_with_field_ids(user_schema(table))),
         "offsets": bucket_offsets(table),

@@ -18,6 +18,7 @@ import pyarrow.flight as flight
 
 from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.flight import catalog
+from fluvial.broker.flight import pk as pk_api
 from fluvial.broker.flight.append import append_on_loop, split_for_kafka, to_stored, writer_schema_id
 from fluvial.broker.flight.errors import flight_errors, guard
 from fluvial.broker.flight.scan import plan_scan, scan_bucket
@@ -108,12 +109,15 @@ class TableFlightServer(flight.FlightServerBase):
         return flight.SchemaResult(catalog.schema_with_field_ids(catalog.user_schema(self._table(name))))
 
     def list_actions(self, context):
-        return list(ACTIONS.items())
+        return list(ACTIONS.items()) + list(pk_api.ACTIONS.items())
 
     @flight_errors
     def do_action(self, context, action):
         body = json.loads(action.body.to_pybytes() or b"{}")
         kind = action.type
+        pk_results = pk_api.do_action(self, kind, body)
+        if pk_results is not None:
+            return pk_results
         if kind == LIST_TABLES:
             result: Any = [catalog.describe(t) for t in sorted(self.broker.tables.tables.values(), key=lambda t: t.name)]
         elif kind == DESCRIBE:
@@ -159,7 +163,11 @@ class TableFlightServer(flight.FlightServerBase):
 
     @flight_errors
     def do_put(self, context, descriptor, reader, writer):
+        pk_request = pk_api.pk_put_request(descriptor)
+        if pk_request is not None:
+            return pk_api.do_put(self, pk_request, reader, writer)
         request = _append_request(descriptor)
+        pk_api.refuse_append(self._table(request.table))
         table = self._table(request.table)
         if request.bucket is not None:
             table.bucket(request.bucket)
