@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -109,6 +110,7 @@ def main() -> None:
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
 
+    load_before = os.getloadavg()
     rng = np.random.default_rng(20)
     schema = wide_schema()
     pool = string_pool(rng)
@@ -156,6 +158,8 @@ def main() -> None:
             "rows_per_s_2col_vs_20col": round(narrow["rows_per_s"] / full["rows_per_s"], 1),
             "bytes_2col_vs_20col": round(narrow["mb_received"] / full["mb_received"], 3),
         },
+        "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],
+                                "after": [round(x, 2) for x in os.getloadavg()]},
         "notes": "Wall-clock on loopback, client and broker on the same machine; client scans are the median of "
                  f"{args.runs} runs, the Kafka consumer one run (each value decoded with AvroDeserializer).",
     }

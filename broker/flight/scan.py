@@ -21,9 +21,11 @@ from fluvial.client.wire import COMPARISONS, FILTER_OPS, ScanRequest, ScanStats
 from fluvial.errors import InvalidRequestError, OffsetOutOfRangeError
 
 READ_BYTES = 8 * 1024 * 1024
-# Small stored batches (one per Kafka produce) are sent together: fewer, larger messages.
+# Small stored batches (one per Kafka produce) are sent together, up to about 1 MB or 64 Ki
+# rows a message: fewer, larger messages; larger batches are sent as they are (no copy).
 SEND_ROWS = 64 * 1024
-SEND_BYTES = 4 * 1024 * 1024
+SEND_BYTES = 1024 * 1024
+SEND_ALONE_BYTES = 256 * 1024
 
 _COMPARE = {"=": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal,
             ">": pc.greater, ">=": pc.greater_equal}
@@ -268,14 +270,17 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
     pending: list[pa.RecordBatch] = []
     pending_rows = pending_bytes = 0
 
+    def send(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        stats.rows_sent += batch.num_rows
+        stats.bytes_sent += pa.ipc.get_record_batch_size(batch)
+        yield batch
+
     def flush() -> Iterator[pa.RecordBatch]:
         nonlocal pending, pending_rows, pending_bytes
         if pending:
             batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
             pending, pending_rows, pending_bytes = [], 0, 0
-            stats.rows_sent += batch.num_rows
-            stats.bytes_sent += pa.ipc.get_record_batch_size(batch)
-            yield batch
+            yield from send(batch)
 
     while not cancelled():
         if plan.end is not None and offset >= plan.end:
@@ -309,9 +314,14 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
             if batch.num_rows == 0:
                 continue
             batch = _output(batch, plan)
+            size = batch.nbytes
+            if size >= SEND_ALONE_BYTES:
+                yield from flush()
+                yield from send(batch)  # large enough alone: no copy
+                continue
             pending.append(batch)
             pending_rows += batch.num_rows
-            pending_bytes += batch.nbytes
+            pending_bytes += size
             if pending_rows >= SEND_ROWS or pending_bytes >= SEND_BYTES:
                 yield from flush()
         if plan.follow:
