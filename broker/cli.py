@@ -49,6 +49,10 @@ def add_broker_parser(sub) -> None:
                         "--flush-interval-ms; none: left to the OS, like Kafka's default")
     p.add_argument("--flush-interval-ms", type=int, default=d.flush_interval_ms)
     p.add_argument("--retention-check-interval-ms", type=int, default=d.retention_check_interval_ms)
+    p.add_argument("--group-initial-rebalance-delay-ms", type=int, default=d.group_initial_rebalance_delay_ms)
+    p.add_argument("--group-min-session-timeout-ms", type=int, default=d.group_min_session_timeout_ms)
+    p.add_argument("--group-max-session-timeout-ms", type=int, default=d.group_max_session_timeout_ms)
+    p.add_argument("--offsets-retention-minutes", type=int, default=d.offsets_retention_minutes)
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
 
@@ -60,7 +64,11 @@ def config_from_args(args) -> BrokerConfig:
                         auto_create_topics=args.auto_create_topics == "true",
                         default_partitions=args.default_partitions, max_request_bytes=args.max_request_bytes,
                         flush_policy=args.flush_policy, flush_interval_ms=args.flush_interval_ms,
-                        retention_check_interval_ms=args.retention_check_interval_ms)
+                        retention_check_interval_ms=args.retention_check_interval_ms,
+                        group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+                        group_min_session_timeout_ms=args.group_min_session_timeout_ms,
+                        group_max_session_timeout_ms=args.group_max_session_timeout_ms,
+                        offsets_retention_minutes=args.offsets_retention_minutes)
 
 
 async def run_broker(config: BrokerConfig) -> None:

@@ -26,6 +26,11 @@ class BrokerConfig:
     retention_check_interval_ms: int = 30_000
     wire_cache_bytes: int = 64 * 1024 * 1024
     advertised_host: str | None = None
+    # Group coordinator (Kafka's names: group.initial.rebalance.delay.ms, ...).
+    group_initial_rebalance_delay_ms: int = 3000
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1_800_000
+    offsets_retention_minutes: int = 7 * 24 * 60
 
     @property
     def advertised(self) -> str:

@@ -20,7 +20,7 @@ from fluvial.protocol.errors import ErrorCode
 log = logging.getLogger(__name__)
 
 # Not every Kafka error code is in the shared enum yet; this is the wire number.
-NON_EMPTY_GROUP: ErrorCode = getattr(ErrorCode, "NON_EMPTY_GROUP", 68)
+NON_EMPTY_GROUP = ErrorCode.NON_EMPTY_GROUP
 
 TopicPartition = tuple[str, int]
 

@@ -27,22 +27,12 @@ AUTHORIZED_OPERATIONS_OMITTED = None
 
 
 def group_config(broker) -> GroupConfig:
-    """Group settings from the broker config where it has them, Kafka's defaults otherwise.
-
-    A `BrokerConfig` field named like a `GroupConfig` field, with or without a `group_`
-    prefix (`group_initial_rebalance_delay_ms`), sets it; `offsets_retention_minutes`
-    is Kafka's own unit for the retention.
-    """
-    defaults = GroupConfig()
+    """Group settings from the broker's command line (Kafka's names and defaults)."""
     cfg = broker.config
-    config = GroupConfig(**{
-        name: getattr(cfg, name, getattr(cfg, f"group_{name}", getattr(defaults, name)))
-        for name in defaults.__dataclass_fields__
-    })
-    minutes = getattr(cfg, "offsets_retention_minutes", None)
-    if minutes is not None:
-        config.offsets_retention_ms = int(minutes) * 60_000
-    return config
+    return GroupConfig(min_session_timeout_ms=cfg.group_min_session_timeout_ms,
+                       max_session_timeout_ms=cfg.group_max_session_timeout_ms,
+                       initial_rebalance_delay_ms=cfg.group_initial_rebalance_delay_ms,
+                       offsets_retention_ms=cfg.offsets_retention_minutes * 60_000)
 
 
 def coordinator(ctx: RequestContext) -> GroupCoordinator:
