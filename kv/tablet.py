@@ -23,7 +23,7 @@ from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from fluvial.errors import InvalidRecordError
 from fluvial.kv.row_codec import DATA_PREFIX, KeyLayout, RowCodec, struct_of
-from fluvial.kv.rowmerger import Action, MergeSpec, merger_for
+from fluvial.kv.rowmerger import Action, MergeEngine, MergeSpec, merger_for
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +137,9 @@ class KvTablet:
         """Read old rows, merge and build the changelog of one write batch. Touches nothing.
 
         `rows` holds the table's columns (a delete needs only the key columns), or with
-        `partial_columns` the primary key and those target columns. Raises
-        InvalidRecordError for writes that cannot be applied; then nothing is.
+        `partial_columns` the primary key and those target columns. Several writes of one
+        key apply in order. Raises InvalidRecordError for writes that cannot be applied;
+        then nothing is.
         """
         if isinstance(rows, pa.Table):
             rows = rows.combine_chunks()
@@ -154,99 +155,127 @@ class KvTablet:
             return KvWrite(self._changelog_batch(pa.array([], self._row_type), [], []), [], [])
         keys = self.layout.storage_keys(rows)
 
-        # Group writes by key; the r-th write of a key is merged in round r, against the
-        # result of round r-1, so several writes of one key in a batch apply in order.
+        # Each key's old row is read once; the writes of a key are chained in input order
+        # (each one's old row is the state the writes before it left), all in one pass.
         encoded = pc.dictionary_encode(keys)
         group = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         unique_keys = encoded.dictionary.to_pylist()
         g_count = len(unique_keys)
-        order = np.argsort(group, kind="stable")
+        order = np.lexsort((np.arange(n), group))
         sorted_groups = group[order]
-        first = np.searchsorted(sorted_groups, sorted_groups, side="left")
-        occurrence = np.empty(n, np.int64)
-        occurrence[order] = np.arange(n) - first
+        first_in_group = np.ones(n, bool)
+        first_in_group[1:] = sorted_groups[1:] != sorted_groups[:-1]
+        prev = np.full(n, -1, np.int64)
+        prev[order[~first_in_group]] = order[np.flatnonzero(~first_in_group) - 1]
 
         old_values = self.db.get(unique_keys)
         exists = np.fromiter((v is not None for v in old_values), bool, g_count)
         present = np.flatnonzero(exists)
         old_bytes = pa.array(old_values, pa.binary())
-        decoded = self.codec.decode(old_bytes.take(pa.array(present))) if present.size else None
-        take = np.full(g_count, -1, np.int64)
-        take[present] = np.arange(present.size)
-        if decoded is None:
+        if present.size:
+            take = np.full(g_count, -1, np.int64)
+            take[present] = np.arange(present.size)
+            decoded = self.codec.decode(old_bytes.take(pa.array(present))).cast(self._row_type)
+            old_rows = decoded.take(pa.array(take, mask=~exists))
+        else:
             old_rows = pa.nulls(g_count, self._row_type)
-        else:
-            old_rows = decoded.cast(self._row_type).take(pa.array(take, mask=~exists))
+        if partial_columns is not None:
+            # Non-target columns cannot change within the batch (no deletes ride with a
+            # partial update): they come from the stored row, or are null for a new key.
+            new_rows = self._fill_partial(new_rows, old_rows.take(pa.array(group)), exists[group], partial_columns)
 
-        pool_rows: list[pa.Array] = [old_rows]
-        pool_bytes: list[pa.Array] = [old_bytes]
-        pool_size = g_count
-        state_pos = np.arange(g_count, dtype=np.int64)
-        state_exists = exists.copy()
-        touched = np.zeros(g_count, bool)
+        upserts = np.flatnonzero(~deletes)
+        new_bytes = pa.nulls(n, pa.binary())
+        if upserts.size:
+            self._check_required(new_rows.take(pa.array(upserts)), upserts)
+            enc = self.codec.encode(new_rows.take(pa.array(upserts)))
+            scatter = np.full(n, -1, np.int64)
+            scatter[upserts] = np.arange(upserts.size)
+            new_bytes = enc.take(pa.array(scatter, mask=scatter < 0))
+
+        # Where the state before each write lives: pool position g (stored row of its key)
+        # or g_count + j (write j of this batch); and whether the key exists then.
+        has_prev = prev >= 0
+        state_pos = np.where(has_prev, g_count + prev, group)
+        state_exists = np.where(has_prev, True, exists[group])
+        engine = self.spec.engine
+        if engine is MergeEngine.LAST_ROW:
+            state_exists = np.where(has_prev, ~deletes[np.maximum(prev, 0)], exists[group])
+        elif engine is MergeEngine.FIRST_ROW:
+            first_write = order[first_in_group][np.searchsorted(sorted_groups[first_in_group], group)]
+            state_pos = np.where(has_prev & ~exists[group], g_count + first_write, group)
+        else:
+            state_pos = self._versioned_state(new_rows, old_rows, exists, group, order, first_in_group, g_count)
+
+        pool_rows = pa.concat_arrays([old_rows, new_rows])
+        pool_bytes = pa.concat_arrays([old_bytes, new_bytes])
+        pos = pa.array(state_pos)
+        old = pool_rows.take(pos)
+        act = self.merger.merge(old, state_exists, new_rows, deletes)
+        # Writing the row a key already has is no change at all.
+        same = pc.fill_null(pc.equal(new_bytes, pool_bytes.take(pos)), False).to_numpy(zero_copy_only=False)
+        act[(act == Action.UPDATE) & same] = Action.NONE
+
+        own = g_count + np.arange(n)
         out_src, out_sub, out_change, out_pos = [], [], [], []
-        for r in range(int(occurrence.max()) + 1):
-            idx = np.flatnonzero(occurrence == r)
-            g = group[idx]
-            all_rows = pa.concat_arrays(pool_rows) if len(pool_rows) > 1 else pool_rows[0]
-            all_bytes = pa.concat_arrays(pool_bytes) if len(pool_bytes) > 1 else pool_bytes[0]
-            pos = pa.array(state_pos[g])
-            old = all_rows.take(pos)
-            ex = state_exists[g]
-            new = new_rows.take(pa.array(idx))
-            if partial_columns is not None:
-                new = self._fill_partial(new, old, ex, partial_columns)
-            dels = deletes[idx]
-            act = self.merger.merge(old, ex, new, dels)
-            writes = np.flatnonzero((act == Action.INSERT) | (act == Action.UPDATE))
-            new_bytes = pa.nulls(len(idx), pa.binary())
-            if writes.size:
-                self._check_required(new.take(pa.array(writes)), idx[writes])
-                enc = self.codec.encode(new.take(pa.array(writes)))
-                scatter = np.full(len(idx), -1, np.int64)
-                scatter[writes] = np.arange(writes.size)
-                new_bytes = enc.take(pa.array(scatter, mask=scatter < 0))
-                # Writing the row it already has is no change at all.
-                same = pc.fill_null(pc.equal(new_bytes, all_bytes.take(pos)), False).to_numpy(zero_copy_only=False)
-                act[(act == Action.UPDATE) & same] = Action.NONE
-            new_pos = pool_size + np.arange(len(idx))
-            pool_rows.append(new)
-            pool_bytes.append(new_bytes)
-            pool_size += len(idx)
-            for a, sub, change, where in ((Action.INSERT, 0, ChangeType.INSERT, new_pos),
-                                          (Action.UPDATE, 0, ChangeType.UPDATE_BEFORE, state_pos[g]),
-                                          (Action.UPDATE, 1, ChangeType.UPDATE_AFTER, new_pos),
-                                          (Action.DELETE, 0, ChangeType.DELETE, state_pos[g])):
-                m = act == a
-                if m.any():
-                    out_src.append(idx[m])
-                    out_sub.append(np.full(int(m.sum()), sub, np.int8))
-                    out_change.append(np.full(int(m.sum()), change, np.int8))
-                    out_pos.append(where[m])
-            upd = (act == Action.INSERT) | (act == Action.UPDATE)
-            state_pos[g[upd]] = new_pos[upd]
-            state_exists[g[upd]] = True
-            state_exists[g[act == Action.DELETE]] = False
-            touched[g[act != Action.NONE]] = True
+        for a, sub, change, where in ((Action.INSERT, 0, ChangeType.INSERT, own),
+                                      (Action.UPDATE, 0, ChangeType.UPDATE_BEFORE, state_pos),
+                                      (Action.UPDATE, 1, ChangeType.UPDATE_AFTER, own),
+                                      (Action.DELETE, 0, ChangeType.DELETE, state_pos)):
+            m = np.flatnonzero(act == a)
+            out_src.append(m)
+            out_sub.append(np.full(m.size, sub, np.int8))
+            out_change.append(np.full(m.size, change, np.int8))
+            out_pos.append(where[m])
+        src = np.concatenate(out_src)
+        o = np.lexsort((np.concatenate(out_sub), src))
+        src = src[o]
+        change = np.concatenate(out_change)[o]
+        where = np.concatenate(out_pos)[o]
+        changelog = self._changelog_batch(pool_rows.take(pa.array(where)), change, src)
 
-        all_rows = pa.concat_arrays(pool_rows) if len(pool_rows) > 1 else pool_rows[0]
-        all_bytes = pa.concat_arrays(pool_bytes) if len(pool_bytes) > 1 else pool_bytes[0]
-        if out_src:
-            src = np.concatenate(out_src)
-            sub = np.concatenate(out_sub)
-            change = np.concatenate(out_change)
-            where = np.concatenate(out_pos)
-            o = np.lexsort((sub, src))
-            src, change, where = src[o], change[o], where[o]
-        else:
-            src = np.zeros(0, np.int64)
-            change = np.zeros(0, np.int8)
-            where = np.zeros(0, np.int64)
-        changelog = self._changelog_batch(all_rows.take(pa.array(where)), change, src)
-        t = np.flatnonzero(touched)
-        final_bytes = all_bytes.take(pa.array(state_pos[t])).to_pylist()
-        values = [v if e else None for v, e in zip(final_bytes, state_exists[t])]
-        return KvWrite(changelog, [unique_keys[i] for i in t], values)
+        # A key's final state is what its last changing write left.
+        changed = np.flatnonzero(act != Action.NONE)
+        last = np.full(g_count, -1, np.int64)
+        np.maximum.at(last, group[changed], changed)
+        touched = np.flatnonzero(last >= 0)
+        final = last[touched]
+        final_bytes = new_bytes.take(pa.array(final)).to_pylist()
+        values = [None if act[i] == Action.DELETE else v for i, v in zip(final.tolist(), final_bytes)]
+        return KvWrite(changelog, [unique_keys[i] for i in touched], values)
+
+    def _versioned_state(self, new_rows: pa.StructArray, old_rows: pa.StructArray, exists: np.ndarray,
+                         group: np.ndarray, order: np.ndarray, first_in_group: np.ndarray, g_count: int) -> np.ndarray:
+        """Pool positions of the state before each write of a 'versioned' table: the last
+        earlier write of its key that won (its version at least the highest before it),
+        else the stored row."""
+        i = self.schema.get_field_index(self.spec.version_column)
+        v_new = _as_int64(new_rows.field(i))
+        v_old = np.where(exists, _as_int64(old_rows.field(i)), np.iinfo(np.int64).min)
+        vs = v_new[order]
+        gs = group[order]
+        n = vs.size
+        # Highest version before each write: segmented running max, seeded by the stored row.
+        starts = np.flatnonzero(first_in_group)
+        running = vs.copy()
+        seg = np.repeat(np.arange(starts.size), np.diff(np.append(starts, n)))
+        running = _segmented_cummax(running, seg)
+        before = np.empty(n, np.int64)
+        before[1:] = running[:-1]
+        before[first_in_group] = np.iinfo(np.int64).min
+        before = np.maximum(before, v_old[gs])
+        has_state = ~first_in_group | exists[gs]
+        wins = ~has_state | (vs >= before)
+        # The last winning write before each one, within its key.
+        win_pos = np.where(wins, np.arange(n), -1)
+        last_win = np.maximum.accumulate(win_pos)
+        prior = np.full(n, -1, np.int64)
+        prior[1:] = last_win[:-1]
+        group_start = starts[seg]
+        state_sorted = np.where(prior >= group_start, g_count + order[np.maximum(prior, 0)], gs)
+        state = np.empty(n, np.int64)
+        state[order] = state_sorted
+        return state
 
     def _changelog_batch(self, rows: pa.StructArray, change, src) -> pa.RecordBatch:
         cols = rows.flatten() if len(rows) else [pa.array([], f.type) for f in self.schema]
@@ -448,6 +477,24 @@ class KvTablet:
             self.db.flush(True)
         finally:
             self.db.close()
+
+
+def _as_int64(arr: pa.Array) -> np.ndarray:
+    if pa.types.is_timestamp(arr.type) or pa.types.is_date(arr.type):
+        arr = arr.cast(pa.int64()) if not pa.types.is_date32(arr.type) else arr.cast(pa.int32()).cast(pa.int64())
+    return arr.cast(pa.int64()).fill_null(np.iinfo(np.int64).min).to_numpy(zero_copy_only=False)
+
+
+def _segmented_cummax(values: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """Running max of `values` restarting at each new `segment` id (ids ascending)."""
+    if values.size == 0:
+        return values
+    # Shift each segment above all earlier ones so one global running max never crosses
+    # a segment boundary; done on ranks to stay inside int64.
+    ranks = np.unique(values, return_inverse=True)[1].astype(np.int64)
+    span = int(ranks.max()) + 1
+    lifted = np.maximum.accumulate(ranks + segment.astype(np.int64) * span) - segment.astype(np.int64) * span
+    return np.unique(values)[lifted]
 
 
 def destroy(path: Path) -> None:

@@ -65,6 +65,8 @@ class MergeSpec:
         if partial_columns is not None and self.engine is not MergeEngine.LAST_ROW:
             raise InvalidRecordError(f"partial updates are not supported by merge engine {self.engine.value!r} "
                                      "(only by the default 'last_row')")
+        if deletes and partial_columns is not None:
+            raise InvalidRecordError("a partial update cannot carry deletes; delete in a write of its own")
         if deletes and self.engine is not MergeEngine.LAST_ROW:
             raise InvalidRecordError(f"deletes are not supported by merge engine {self.engine.value!r}: "
                                      "it keeps the first or the highest-version row")
