@@ -51,7 +51,7 @@ def markdown(results: list[dict]) -> str:
         "Each figure is the median of the counted rounds with (min–max); warm-up rounds are not counted. "
         "Systems run alternately, one case at a time (A B C, then C B A). The ratio is Fluvial / Kafka "
         "taken round by round (each round's pair ran back to back), median (min–max). "
-        "↑ higher is better, ↓ lower is better. Peak RSS is the broker process's resident memory, "
+        "↑ higher is better, ↓ lower is better. MB = 10^6 bytes. Peak RSS is the broker process's resident memory, "
         "sampled every 50 ms during the case.",
         "",
         "Systems and durability:",
@@ -70,13 +70,16 @@ def _workload_section(data: dict) -> list[str]:
     baseline = data["baseline"]
     others = [s for s in systems if s["name"] != baseline]
     counted = data["rounds"] - data["warmup_rounds"]
+    load = data.get("load_average_1m") or {}
+    load_text = (f" Load average (1 min) at start / end: {load.get('start', '?')} / {load.get('end', '?')} "
+                 f"on {data['machine']['logical_cores']} cores." if load else "")
     lines = [
         f"## {data['workload']}",
         "",
         data["description"],
         "",
         f"`{data['command']}` — {data['mode']} mode, {data['started']}, {counted} counted round(s) after "
-        f"{data['warmup_rounds']} warm-up.",
+        f"{data['warmup_rounds']} warm-up.{load_text}",
         "",
     ]
     header = ["case", "figure"] + [s["label"] for s in systems] + [f"{s['name']} / {baseline}" for s in others]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import sys
 import time
 import traceback
@@ -46,6 +47,9 @@ class WorkloadResult:
         default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
     case_order: list[str] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    # 1-minute load average when the workload started and ended: other work on the machine
+    # shows up here, and figures taken under load are noisy.
+    load_average: dict[str, float] = field(default_factory=dict)
 
     def record(self, case: str, system: str, round_no: int, figures: dict[str, float]) -> None:
         if case not in self.case_order:
@@ -90,6 +94,7 @@ class WorkloadResult:
             "warmup_rounds": self.warmup_rounds,
             "baseline": BASELINE,
             "machine": self.machine,
+            "load_average_1m": self.load_average,
             "settings": self.workload.settings(self.scale),
             "systems": [
                 {"name": s.name, "label": s.label, "durability": s.durability,
@@ -185,6 +190,7 @@ def run_workload(workload: Workload, fleet: Fleet, systems: Sequence[SystemSpec]
                  rounds: int, warmup_rounds: int, command: str, machine: dict[str, object]) -> WorkloadResult:
     result = WorkloadResult(workload=workload, scale=scale, systems=systems, rounds=rounds,
                             warmup_rounds=warmup_rounds, command=command, machine=machine)
+    result.load_average["start"] = round(os.getloadavg()[0], 2)
     fleet.ensure_started()
     result.versions = fleet.versions()
     cases = workload.cases(scale)
@@ -239,4 +245,5 @@ def run_workload(workload: Workload, fleet: Fleet, systems: Sequence[SystemSpec]
                 result.record(case.name, spec.name, round_no, figures)
                 shown = ", ".join(f"{k} {stats.format_value(v)}" for k, v in figures.items())
                 log(f"[{workload.name}] round {round_no + 1}/{rounds} ({tag}) {spec.name} {case.name}: {shown}")
+    result.load_average["end"] = round(os.getloadavg()[0], 2)
     return result

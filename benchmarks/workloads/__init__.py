@@ -31,7 +31,7 @@ class Metric:
 
 
 RECORDS_PER_S = Metric("records/s", "records/s", True, Chart.THROUGHPUT)
-MB_PER_S = Metric("MB/s", "MB/s (10^6 B)", True)
+MB_PER_S = Metric("MB/s", "MB/s", True)  # MB = 10^6 bytes
 BROKER_PEAK_RSS = Metric("broker peak RSS", "MB", False, Chart.MEMORY)
 
 
