@@ -105,10 +105,13 @@ class _Cursor:
             zz[going] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
             ln[going] += 1
             last = b < 0x80
-            if k > 0:
-                loose = going[last & (b == 0)]
-                if loose.size:
-                    self.fail(_mask(n, loose), f"field {path!r}: non-canonical varint ({what})")
+            loose = going[last & (b == 0)]
+            if loose.size:
+                self.fail(_mask(n, loose), f"field {path!r}: non-canonical varint ({what})")
+            if k == 9:  # the tenth byte holds bit 63 only
+                wide = going[b > 1]
+                if wide.size:
+                    self.fail(_mask(n, wide), f"field {path!r}: varint longer than 64 bits ({what})")
             going = going[~last]
         if going.size:
             self.fail(_mask(n, going), f"field {path!r}: malformed varint ({what})")
@@ -222,15 +225,7 @@ def _decode(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
         return pa.Array.from_buffers(pa.float32() if size == 4 else pa.float64(), n, [None, pa.py_buffer(raw)])
     if k in ("bytes", "string"):
         blobs = cur.read_blobs(path, k)
-        if k == "bytes":
-            return blobs
-        arr = blobs.view(pa.string())
-        try:
-            arr.validate(full=True)
-        except pa.ArrowInvalid:
-            _fail_bad_utf8(cur, blobs, path)
-            arr = pa.array([""] * n, pa.string())
-        return arr
+        return blobs if k == "bytes" else _as_text(cur, blobs, path)
     if k == "fixed":
         start = cur.take(node.size, path, f"fixed({node.size})")
         raw = np.ascontiguousarray(cur.gather(start, node.size))
@@ -248,6 +243,17 @@ def _decode(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
     if k in ("array", "map"):
         return _decode_repeated(node, cur, path)
     raise TypeError(f"field {path!r}: Avro type {k!r} cannot be decoded into a column")
+
+
+def _as_text(cur: _Cursor, blobs: pa.BinaryArray, path: str) -> pa.Array:
+    """The blobs as strings; records holding invalid UTF-8 are refused (and get "")."""
+    text = blobs.view(pa.string())
+    try:
+        text.validate(full=True)
+    except pa.ArrowInvalid:
+        _fail_bad_utf8(cur, blobs, path)
+        text = pa.array([""] * len(blobs), pa.string())
+    return text
 
 
 def _fail_bad_utf8(cur: _Cursor, blobs: pa.BinaryArray, path: str) -> None:
@@ -303,7 +309,7 @@ def _decode_repeated(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
         active = count > j
         sub = cur.sub(active)
         if node.kind == "map":
-            keys_parts.append(sub.read_blobs(item_path, "map key").view(pa.string()))
+            keys_parts.append(_as_text(sub, sub.read_blobs(item_path, "map key"), f"{path} (map key)"))
         item_parts.append(_decode(item_node, sub, item_path))
         cur.merge(sub, active)
         slots.append(offsets[:-1][active] + j)
@@ -326,11 +332,6 @@ def _decode_repeated(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
     if node.kind == "array":
         return pa.ListArray.from_arrays(off, items.cast(item_type) if items.type != item_type else items, type=typ)
     keys = pa.concat_arrays(keys_parts).take(perm_arr) if keys_parts else pa.array([], pa.string())
-    try:
-        keys.validate(full=True)
-    except pa.ArrowInvalid:
-        cur.fail(np.ones(len(cur), bool), f"field {path!r}: map key is not valid UTF-8")
-        keys = pa.array([""] * len(keys), pa.string())
     return pa.MapArray.from_arrays(off, keys, items, type=typ)
 
 

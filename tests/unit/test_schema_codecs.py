@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import io
 import json
 import random
+import tempfile
 import uuid
+from pathlib import Path
 
 import fastavro
 import numpy as np
@@ -100,6 +103,12 @@ def registry(tmp_path) -> SchemaRegistry:
     return SchemaRegistry(MetadataStore(tmp_path / "meta.db"))
 
 
+@functools.lru_cache(maxsize=None)
+def shared_registry() -> SchemaRegistry:
+    """One registry for the examples of property tests (registering again is a no-op)."""
+    return SchemaRegistry(MetadataStore(Path(tempfile.mkdtemp(prefix="fluvial-schema-")) / "meta.db"))
+
+
 def register(registry: SchemaRegistry, subject: str, schema: dict, schema_type: str = "AVRO") -> int:
     return registry.register(subject, parse_schema(json.dumps(schema), schema_type))[0]
 
@@ -152,8 +161,8 @@ PROPERTY_SCHEMA = {"type": "record", "name": "P", "fields": [
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(avro_values, min_size=1, max_size=40))
-def test_avro_round_trip_property(tmp_path_factory, records):
-    registry = SchemaRegistry(MetadataStore(tmp_path_factory.mktemp("p") / "m.db"))
+def test_avro_round_trip_property(records):
+    registry = shared_registry()
     sid = register(registry, "p-value", PROPERTY_SCHEMA)
     values = pa.array(wire(PROPERTY_SCHEMA, sid, records), pa.binary())
     codec = value_codec(registry, "p")
@@ -382,8 +391,8 @@ json_docs = st.lists(st.fixed_dictionaries(
 
 @settings(max_examples=60, deadline=None)
 @given(json_docs)
-def test_json_round_trip_property(tmp_path_factory, docs):
-    registry = SchemaRegistry(MetadataStore(tmp_path_factory.mktemp("j") / "m.db"))
+def test_json_round_trip_property(docs):
+    registry = shared_registry()
     register(registry, "j-value", JSON_SCHEMA, "JSON")
     codec = value_codec(registry, "j")
     values = pa.array([json.dumps(d).encode() for d in docs], pa.binary())
@@ -421,3 +430,28 @@ def test_a_version_without_columns_leaves_the_table_as_it_was(registry):
         codec.decode(values)
     assert [i for i, _ in info.value.record_errors] == [1]
     assert "no column mapping" in info.value.record_errors[0][1]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2 ** 32 - 1), cuts=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=4),
+       tail=st.binary(max_size=6), trim=st.integers(0, 3))
+def test_mangled_avro_values_are_refused_or_come_back_identical(seed, cuts, tail, trim):
+    """Whatever the bytes after the header, decode refuses them with InvalidRecordError or
+    accepts them, and accepted values re-encode to exactly the same bytes."""
+    registry = shared_registry()
+    sid = register(registry, "f-value", SCHEMA20)
+    rng = random.Random(seed)
+    values = wire(SCHEMA20, sid, [make_record(rng, i) for i in range(3)])
+    mangled = bytearray(values[1])
+    for pos, byte in cuts:
+        if 5 <= pos < len(mangled):
+            mangled[pos] = byte
+    mangled = bytes(mangled[:len(mangled) - trim]) + tail
+    batch = pa.array([values[0], mangled, values[2]], pa.binary())
+    codec = value_codec(registry, "f")
+    try:
+        columns, ids = codec.decode(batch)
+    except InvalidRecordError as exc:
+        assert [i for i, _ in exc.record_errors] == [1]
+        return
+    assert codec.encode(columns, ids).equals(batch)
