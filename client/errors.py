@@ -7,16 +7,9 @@ import pyarrow.flight as flight
 
 from fluvial.errors import (
     FluvialError, InvalidConfigError, InvalidPartitionsError, InvalidRecordError, InvalidRequestError,
-    InvalidTableError, OffsetOutOfRangeError, StorageError, TableExistsError, UnknownTableError,
+    InvalidTableError, OffsetOutOfRangeError, SchemaMismatchError, StorageError, TableExistsError,
+    UnknownColumnError, UnknownTableError,
 )
-
-
-class UnknownColumnError(InvalidRequestError):
-    """A scan or filter names a column the table does not have."""
-
-
-class SchemaMismatchError(InvalidRecordError):
-    """Appended rows whose columns or types do not match the table's schema."""
 
 
 class BrokerUnavailableError(FluvialError):

@@ -40,6 +40,10 @@ class InvalidRecordError(FluvialError):
         self.record_errors = record_errors or []
 
 
+class SchemaMismatchError(InvalidRecordError):
+    """Rows whose columns or types do not match the table's schema."""
+
+
 class UnsupportedCompressionError(FluvialError):
     code = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
     http_status = 400
@@ -89,6 +93,11 @@ class MessageTooLargeError(FluvialError):
 
 class InvalidRequestError(FluvialError):
     code = ErrorCode.INVALID_REQUEST
+    http_status = 400
+
+
+class UnknownColumnError(InvalidRequestError):
+    """A scan, filter or key names a column the table does not have."""
     http_status = 400
 
 

@@ -15,7 +15,7 @@ from fluvial.broker.flight.catalog import SCHEMA_ID, is_typed, user_schema, valu
 from fluvial.broker.kafka_batches import CHANGE_APPEND, HEADERS_TYPE, TIMESTAMP_TYPE, stored_schema
 from fluvial.broker.log import BatchMeta
 from fluvial.broker.tables import Table
-from fluvial.client.errors import SchemaMismatchError
+from fluvial.errors import SchemaMismatchError
 from fluvial.client.wire import Appended
 from fluvial.errors import InvalidRecordError
 

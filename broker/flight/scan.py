@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from fluvial.broker.flight.catalog import BUCKET, column_field, user_schema
 from fluvial.broker.log import BatchMeta
 from fluvial.broker.tables import Bucket
-from fluvial.client.errors import UnknownColumnError
+from fluvial.errors import UnknownColumnError
 from fluvial.client.wire import COMPARISONS, FILTER_OPS, ScanRequest, ScanStats
 from fluvial.errors import InvalidRequestError, OffsetOutOfRangeError
 
