@@ -28,11 +28,10 @@ from fluvial.broker import kafka_batches
 from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.log import BatchMeta, StoredBatch
 from fluvial.broker.tables import Bucket, Table
-from fluvial.errors import FluvialError, InvalidConfigError, InvalidRecordError, InvalidTableError
+from fluvial.errors import InvalidConfigError, InvalidRecordError, InvalidRequestError, InvalidTableError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec, SnapshotInfo, SnapshotStore
 from fluvial.kv.bucketing import buckets_of
 from fluvial.kv.tablet import CHANGE_COLUMN, SOURCE_COLUMN
-from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.records import BatchHeader, RecordColumns, build_batch, decode_records
 
 log = logging.getLogger(__name__)
@@ -65,22 +64,20 @@ def is_primary_key(table: Table) -> bool:
     return bool(table.configs.get(PRIMARY_KEY)) and not isinstance(table, ChangelogTable)
 
 
+def pk_state(table: Table) -> "PkTable":
+    """The primary-key state of a table (InvalidRequestError for other tables)."""
+    return _state(table)
+
+
 def _state(table: Table) -> "PkTable":
     pk = getattr(table, "pk", None)
     if pk is None:
-        raise InvalidRequestLike(f"table {table.name!r} has no primary key")
+        raise InvalidRequestError(f"table {table.name!r} has no primary key")
     return pk
 
 
-class InvalidRequestLike(FluvialError):
-    code = ErrorCode.INVALID_REQUEST
-    http_status = 400
-
-
-class ReadOnlyTableError(FluvialError):
+class ReadOnlyTableError(InvalidTableError):
     """A write to the read-only changelog view of a primary-key table."""
-    code = ErrorCode.INVALID_TOPIC_EXCEPTION
-    http_status = 400
 
 
 # ---------------------------------------------------------------- key formats
@@ -156,8 +153,15 @@ def _select(rows, columns: list[str], schema: pa.Schema) -> pa.StructArray:
         arrays = [rows.column(c) for c in columns]
         arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
     fields = [schema.field(c).with_nullable(False) for c in columns]
-    arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, fields)]
-    return pa.StructArray.from_arrays(arrays, fields=fields)
+    out = []
+    for a, f in zip(arrays, fields):
+        if a.type != f.type:
+            try:
+                a = a.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InvalidRecordError(f"key column {f.name!r} has type {a.type}, the table's is {f.type}: {exc}") from None
+        out.append(a)
+    return pa.StructArray.from_arrays(out, fields=fields)
 
 
 # ---------------------------------------------------------------- the changelog view
@@ -487,7 +491,7 @@ def catch_up(tablet: KvTablet, log_tablet) -> int:
 def _service(broker=None) -> PkTableService:
     svc = _SERVICE.get("service")
     if svc is None:
-        raise InvalidRequestLike("primary-key tables are not enabled in this broker")
+        raise InvalidRequestError("primary-key tables are not enabled in this broker")
     return svc
 
 
@@ -594,9 +598,9 @@ def _stored_changelog(pk: PkTable, changelog: pa.RecordBatch, timestamps: np.nda
 
 
 async def write_table_rows(table: Table, rows: pa.RecordBatch | pa.Table, *, deletes: np.ndarray | None = None,
-                           partial_columns: list[str] | None = None) -> list[BatchMeta]:
+                           partial_columns: list[str] | None = None) -> list[tuple[int, BatchMeta]]:
     """Table API writes: rows of any buckets, split by their key's bucket, each bucket written
-    in turn (durable per the broker's flush policy when this returns)."""
+    in turn (durable per the broker's flush policy when this returns). Returns (bucket, meta) pairs."""
     pk = _state(table)
     if isinstance(rows, pa.Table):
         rows = rows.combine_chunks()
@@ -617,7 +621,7 @@ async def write_table_rows(table: Table, rows: pa.RecordBatch | pa.Table, *, del
         dels = None if deletes is None else np.asarray(deletes, bool)[sel]
         bucket = table.buckets[int(b)]
         written = await write_rows(bucket, part, deletes=dels, partial_columns=partial_columns, check_bucket=False)
-        out.append(written)
+        out.append((int(b), written))
         if written.record_count and _service().broker.config.flush_policy == "ack":
             durable.append(bucket.group_commit.wait_durable(written.next_offset))
     if durable:
