@@ -306,7 +306,11 @@ class JsonValueCodec(_SubjectCodec):
         if errors.by_record():
             self._find_json_errors(v, start, length, errors)
             _raise(errors, v.n)
-        lines = _json_lines(v.data, start, length)
+        data, start, length = self._without_line_breaks(v, start, length, errors)
+        if errors.by_record():
+            self._find_json_errors(v, start, length, errors, data)
+            _raise(errors, v.n)
+        lines = _json_lines(data, start, length)
         table = None
         try:
             table = pa_json.read_json(
@@ -317,9 +321,9 @@ class JsonValueCodec(_SubjectCodec):
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
             table = None
         if table is None or table.num_rows != v.n:
-            self._find_json_errors(v, start, length, errors)
+            self._find_json_errors(v, start, length, errors, data)
             if not errors.by_record():
-                self._find_unreadable(v, start, length, errors)
+                self._find_unreadable(data, start, length, errors)
             _raise(errors, v.n)
             raise InvalidRecordError("the batch's JSON values could not be read as the table's columns",
                                      record_errors=[(i, "value could not be read as the table's columns")
@@ -328,7 +332,7 @@ class JsonValueCodec(_SubjectCodec):
         cols = self._to_table_types(cols, errors)
         self._check_required(cols, errors)
         if errors.by_record():
-            self._find_json_errors(v, start, length, errors)
+            self._find_json_errors(v, start, length, errors, data)
         _raise(errors, v.n)
         return cols, ids.astype(np.int32)
 
@@ -338,12 +342,13 @@ class JsonValueCodec(_SubjectCodec):
     def _check_required(self, cols: pa.StructArray, errors: DecodeErrors) -> None:
         _required(cols, self.table_type, np.ones(len(cols), bool), errors, "")
 
-    def _find_json_errors(self, v: _Values, start: np.ndarray, length: np.ndarray, errors: DecodeErrors) -> None:
+    def _find_json_errors(self, v: _Values, start: np.ndarray, length: np.ndarray, errors: DecodeErrors,
+                          data: np.ndarray | None = None) -> None:
         # Error path only: one record at a time, to name each bad record's problem.
         for i in range(v.n):
             if errors.first[i] >= 0 or not v.valid[i]:
                 continue
-            raw = v.data[start[i]:start[i] + length[i]].tobytes()
+            raw = (v.data if data is None else data)[start[i]:start[i] + length[i]].tobytes()
             try:
                 doc = json.loads(raw)
             except ValueError as exc:
@@ -357,11 +362,41 @@ class JsonValueCodec(_SubjectCodec):
                 where = ".".join(str(p) for p in err.absolute_path)
                 errors.add(np.array([i]), f"field {where!r}: {err.message}" if where else err.message)
 
-    def _find_unreadable(self, v: _Values, start: np.ndarray, length: np.ndarray, errors: DecodeErrors) -> None:
+    @staticmethod
+    def _without_line_breaks(v: _Values, start: np.ndarray, length: np.ndarray, errors: DecodeErrors
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Values holding raw line breaks (pretty-printed JSON) rewritten compact, so that
+        every value is one line for the columnar reader; those are the only values parsed
+        one at a time. A line break inside a string is invalid JSON and is refused."""
+        breaks = np.flatnonzero((v.data == 10) | (v.data == 13))
+        if not breaks.size:
+            return v.data, start, length
+        order = np.argsort(start, kind="stable")
+        owner = order[np.maximum(np.searchsorted(start[order], breaks, side="right") - 1, 0)]
+        inside = (breaks >= start[owner]) & (breaks < start[owner] + length[owner]) & v.valid[owner]
+        rows = np.unique(owner[inside])
+        if not rows.size:
+            return v.data, start, length
+        extra, start, length = [], start.copy(), length.copy()
+        at = v.data.size
+        for i in rows.tolist():
+            try:
+                doc = json.loads(v.data[start[i]:start[i] + length[i]].tobytes())
+            except ValueError as exc:
+                errors.add(np.array([i]), f"value is not valid JSON: {exc}")
+                length[i] = 0
+                continue
+            compact = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+            extra.append(compact)
+            start[i], length[i] = at, len(compact)
+            at += len(compact)
+        return pad(np.concatenate([v.data, np.frombuffer(b"".join(extra), np.uint8)])), start, length
+
+    def _find_unreadable(self, data: np.ndarray, start: np.ndarray, length: np.ndarray, errors: DecodeErrors) -> None:
         # Error path only: values valid for the JSON Schema that the column reader still
         # refuses (e.g. 1.0 in an integer column); read each one alone to name it.
-        for i in range(v.n):
-            line = _json_lines(v.data, start[i:i + 1], length[i:i + 1])
+        for i in range(start.size):
+            line = _json_lines(data, start[i:i + 1], length[i:i + 1])
             try:
                 pa_json.read_json(io.BytesIO(line), parse_options=pa_json.ParseOptions(
                     explicit_schema=self._read_schema, unexpected_field_behavior="error"))
@@ -402,13 +437,12 @@ class JsonValueCodec(_SubjectCodec):
 
 
 def _json_lines(data: np.ndarray, start: np.ndarray, length: np.ndarray) -> bytes:
-    """All values as JSON lines; raw line breaks inside a value are JSON whitespace and become spaces."""
+    """All values as JSON lines (none holds a raw line break)."""
     out_off = np.zeros(start.size + 1, np.int64)
     np.cumsum(length + 1, out=out_off[1:])
     total = int(out_off[-1])
     idx = np.repeat(start - out_off[:-1], length + 1) + np.arange(total)
     out = data[idx]
-    out[(out == 10) | (out == 13)] = 32
     out[out_off[1:] - 1] = 10
     return out.tobytes()
 

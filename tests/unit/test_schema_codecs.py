@@ -455,3 +455,15 @@ def test_mangled_avro_values_are_refused_or_come_back_identical(seed, cuts, tail
         assert [i for i, _ in exc.record_errors] == [1]
         return
     assert codec.encode(columns, ids).equals(batch)
+
+
+def test_json_line_breaks_inside_strings_are_refused_and_pretty_printing_is_fine(registry):
+    register(registry, "j-value", JSON_SCHEMA, "JSON")
+    codec = value_codec(registry, "j")
+    pretty = b'{\r\n  "id": 1,\n  "name": "a b"\n}'
+    cols, _ = codec.decode(pa.array([pretty, b'{"id": 2, "name": "c"}'], pa.binary()))
+    assert [(r["id"], r["name"]) for r in cols.to_pylist()] == [(1, "a b"), (2, "c")]
+    with pytest.raises(InvalidRecordError) as info:
+        codec.decode(pa.array([b'{"id": 1, "name": "a\nb"}', pretty], pa.binary()))
+    assert [i for i, _ in info.value.record_errors] == [0]
+    assert "not valid JSON" in info.value.record_errors[0][1]
