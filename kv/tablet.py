@@ -19,7 +19,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from fluvial.errors import InvalidRecordError
 from fluvial.kv.row_codec import DATA_PREFIX, KeyLayout, RowCodec, struct_of
@@ -78,6 +78,13 @@ def _open_rdict(path: Path, create: bool) -> Rdict:
     opts = Options(raw_mode=True)
     opts.create_if_missing(create)
     opts.increase_parallelism(2)
+    opts.set_write_buffer_size(64 << 20)
+    table = BlockBasedOptions()
+    # Point lookups dominate: whole-key bloom filters skip files without the key.
+    table.set_bloom_filter(10, False)
+    table.set_block_cache(Cache(64 << 20))
+    table.set_cache_index_and_filter_blocks(True)
+    opts.set_block_based_table_factory(table)
     return Rdict(str(path), opts)
 
 
@@ -240,9 +247,11 @@ class KvTablet:
         np.maximum.at(last, group[changed], changed)
         touched = np.flatnonzero(last >= 0)
         final = last[touched]
-        final_bytes = new_bytes.take(pa.array(final)).to_pylist()
-        values = [None if act[i] == Action.DELETE else v for i, v in zip(final.tolist(), final_bytes)]
-        return KvWrite(changelog, [unique_keys[i] for i in touched], values)
+        final_bytes = new_bytes.take(pa.array(final))
+        deleted = act[final] == Action.DELETE
+        if deleted.any():
+            final_bytes = pc.if_else(pa.array(deleted), pa.scalar(None, pa.binary()), final_bytes)
+        return KvWrite(changelog, [unique_keys[i] for i in touched.tolist()], final_bytes.to_pylist())
 
     def _versioned_state(self, new_rows: pa.StructArray, old_rows: pa.StructArray, exists: np.ndarray,
                          group: np.ndarray, order: np.ndarray, first_in_group: np.ndarray, g_count: int) -> np.ndarray:
