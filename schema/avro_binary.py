@@ -298,12 +298,16 @@ def _decode_repeated(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
     too_many = count > (cur.end - cur.pos)
     cur.fail(too_many, f"field {path!r}: {what} item count exceeds the value's size")
     count[too_many] = 0
+    item_node = node.items if node.kind == "array" else node.values
+    if node.kind == "array" and count.any():
+        size = _fixed_size(item_node)
+        if size or _is_varint(item_node):
+            return _decode_flat_array(node, item_node, cur, count, size, path)
     offsets = np.zeros(count.size + 1, np.int64)
     np.cumsum(count, out=offsets[1:])
     keys_parts: list[pa.Array] = []
     item_parts: list[pa.Array] = []
     slots: list[np.ndarray] = []
-    item_node = node.items if node.kind == "array" else node.values
     item_path = f"{path}[]"
     for j in range(int(count.max()) if count.size else 0):
         active = count > j
@@ -313,12 +317,7 @@ def _decode_repeated(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
         item_parts.append(_decode(item_node, sub, item_path))
         cur.merge(sub, active)
         slots.append(offsets[:-1][active] + j)
-    ended = count > 0
-    if ended.any():
-        sub = cur.sub(ended)
-        tail = sub.read_long(path, f"{what} end")
-        sub.fail(tail != 0, f"field {path!r}: {what} written in several blocks (not the canonical encoding)")
-        cur.merge(sub, ended)
+    _read_block_end(cur, count, path, what)
     typ = avro_type_to_arrow(node)
     item_type = typ.item_type if node.kind == "map" else typ.value_type
     if item_parts:
@@ -333,6 +332,73 @@ def _decode_repeated(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
         return pa.ListArray.from_arrays(off, items.cast(item_type) if items.type != item_type else items, type=typ)
     keys = pa.concat_arrays(keys_parts).take(perm_arr) if keys_parts else pa.array([], pa.string())
     return pa.MapArray.from_arrays(off, keys, items, type=typ)
+
+
+def _read_block_end(cur: _Cursor, count: np.ndarray, path: str, what: str) -> None:
+    """The 0 that closes a non-empty array or map (a second block is not canonical)."""
+    ended = count > 0
+    if ended.any():
+        sub = cur.sub(ended)
+        tail = sub.read_long(path, f"{what} end")
+        sub.fail(tail != 0, f"field {path!r}: {what} written in several blocks (not the canonical encoding)")
+        cur.merge(sub, ended)
+
+
+def _fixed_size(node: AvroNode) -> int:
+    """Encoded size of every value of this type when it is the same for all, else 0."""
+    if node.kind in ("float", "double"):
+        return 4 if node.kind == "float" else 8
+    if node.kind == "boolean":
+        return 1
+    if node.kind == "fixed":
+        return node.size
+    return 0
+
+
+def _is_varint(node: AvroNode) -> bool:
+    return node.kind in ("int", "long", "enum")
+
+
+def _decode_flat_array(node: AvroNode, item_node: AvroNode, cur: _Cursor, count: np.ndarray, size: int,
+                       path: str) -> pa.Array:
+    """Arrays whose items are fixed-size or single varints: every item's span is found at
+    once (for varints, from the bytes that end a varint), then all items of all records
+    are decoded as one column by a cursor over items."""
+    n = len(cur)
+    start = cur.pos.copy()
+    if size:
+        items_end = start + count * size
+    else:
+        lo, hi = int(start.min()), int(cur.end.max())
+        stops = np.flatnonzero(cur.data[lo:hi] < 0x80) + lo  # last byte of every varint in the span
+        first_stop = np.searchsorted(stops, start)  # index of the first stop at or after each start
+        last = first_stop + count - 1
+        over = (count > 0) & (last >= stops.size)
+        items_end = np.where(over, hi + 1, stops[np.minimum(last, stops.size - 1)] + 1)
+    runs_past = (count > 0) & (items_end > cur.end)
+    cur.fail(runs_past, f"field {path!r}: array items run past the end of the value")
+    count = np.where(runs_past, 0, count)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(count, out=offsets[1:])
+    total = int(offsets[-1])
+    owner = np.repeat(np.arange(n), count)
+    j = np.arange(total) - offsets[:-1][owner]  # position of each item within its record
+    if size:
+        item_start = start[owner] + j * size
+        item_end = item_start + size
+    else:
+        ends = stops[np.repeat(first_stop, count) + j] + 1
+        item_start = np.where(j == 0, start[owner], np.concatenate([[0], ends[:-1]]))
+        item_end = ends
+    items_cur = _Cursor(cur.data, item_start.astype(np.int64), item_end.astype(np.int64), cur.rows[owner], cur.errors)
+    items = _decode(item_node, items_cur, f"{path}[]")
+    left = items_cur.end - items_cur.pos
+    items_cur.fail(left > 0, f"field {path!r}: array item is malformed")
+    ok = ~runs_past & (count > 0)
+    cur.pos[ok] = items_end[ok]
+    _read_block_end(cur, count, path, "array")
+    typ = avro_type_to_arrow(node)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), items, type=typ)
 
 
 def _decode_decimal(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:

@@ -467,3 +467,57 @@ def test_json_line_breaks_inside_strings_are_refused_and_pretty_printing_is_fine
         codec.decode(pa.array([b'{"id": 1, "name": "a\nb"}', pretty], pa.binary()))
     assert [i for i, _ in info.value.record_errors] == [0]
     assert "not valid JSON" in info.value.record_errors[0][1]
+
+
+ARRAYS = {"type": "record", "name": "Arr", "fields": [
+    {"name": "longs", "type": {"type": "array", "items": "long"}},
+    {"name": "ints", "type": {"type": "array", "items": "int"}},
+    {"name": "doubles", "type": {"type": "array", "items": "double"}},
+    {"name": "flags", "type": {"type": "array", "items": "boolean"}},
+    {"name": "kinds", "type": {"type": "array", "items": {"type": "enum", "name": "K", "symbols": ["A", "B", "C"]}}},
+    {"name": "ids", "type": {"type": "array", "items": {"type": "fixed", "name": "Id", "size": 3}}},
+    {"name": "days", "type": {"type": "array", "items": {"type": "int", "logicalType": "date"}}},
+    {"name": "maybe", "type": {"type": "array", "items": ["null", "long"]}},
+    {"name": "nested", "type": {"type": "array", "items": {"type": "array", "items": "int"}}},
+]}
+array_records = st.fixed_dictionaries({
+    "longs": st.lists(st.integers(-2 ** 63, 2 ** 63 - 1), max_size=8),
+    "ints": st.lists(st.integers(-2 ** 31, 2 ** 31 - 1), max_size=8),
+    "doubles": st.lists(st.floats(allow_nan=False), max_size=5),
+    "flags": st.lists(st.booleans(), max_size=5),
+    "kinds": st.lists(st.sampled_from(["A", "B", "C"]), max_size=5),
+    "ids": st.lists(st.binary(min_size=3, max_size=3), max_size=4),
+    "days": st.lists(st.dates(min_value=dt.date(1900, 1, 1)), max_size=4),
+    "maybe": st.lists(st.none() | st.integers(-10 ** 12, 10 ** 12), max_size=4),
+    "nested": st.lists(st.lists(st.integers(-1000, 1000), max_size=3), max_size=3),
+})
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(array_records, min_size=1, max_size=30))
+def test_arrays_of_every_item_kind_round_trip(records):
+    registry = shared_registry()
+    sid = register(registry, "arr-value", ARRAYS)
+    values = pa.array(wire(ARRAYS, sid, records), pa.binary())
+    codec = value_codec(registry, "arr")
+    columns, ids = codec.decode(values)
+    assert columns.to_pylist() == records
+    assert codec.encode(columns, ids).equals(values)
+
+
+def test_array_items_running_past_the_value_are_refused(registry):
+    sid = register(registry, "arr-value", ARRAYS)
+    good = wire(ARRAYS, sid, [{"longs": [1, 2], "ints": [], "doubles": [1.0], "flags": [], "kinds": [], "ids": [],
+                               "days": [], "maybe": [], "nested": []}])[0]
+    header = good[:5]
+    values = [good,
+              header + b"\x06\x02\x04",                 # 3 longs announced, 2 present
+              header + b"\x00\x00\x04" + b"\0" * 8,     # 2 doubles announced, 1 present
+              header + b"\x02\x80",                     # the long never ends
+              ]
+    codec = value_codec(registry, "arr")
+    with pytest.raises(InvalidRecordError) as info:
+        codec.decode(pa.array(values, pa.binary()))
+    errors = dict(info.value.record_errors)
+    assert sorted(errors) == [1, 2, 3]
+    assert "'longs'" in errors[1] and "'doubles'" in errors[2] and "'longs" in errors[3]
