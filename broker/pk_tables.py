@@ -73,6 +73,7 @@ def _state(table: Table) -> "PkTable":
     pk = getattr(table, "pk", None)
     if pk is None:
         raise InvalidRequestError(f"table {table.name!r} has no primary key")
+    pk.follow_schema()
     return pk
 
 
@@ -132,6 +133,23 @@ class PkTable:
         self.schema_id = schema_id
         self.buckets: list[BucketKv] = []
         self.changelog: ChangelogTable | None = None
+        self._seen_schema = schema
+
+    def follow_schema(self) -> None:
+        """After a schema evolution of the table, rows are merged, stored and read in the new columns."""
+        codec = getattr(self.table.value_format, "codec", None)
+        if codec is None:
+            return
+        schema = codec.table_schema
+        if schema is self._seen_schema:
+            return
+        self._seen_schema = schema
+        if schema.equals(self.schema):
+            return
+        self.schema = schema
+        self.schema_id = _SERVICE["service"]._value_schema_id(self.table) if "service" in _SERVICE else self.schema_id
+        for kv in self.buckets:
+            kv.tablet.evolve(schema)
 
     def kafka_keys(self, rows: pa.RecordBatch | pa.StructArray) -> pa.Array:
         return self.key_format.encode(_select(rows, self.layout.primary_key, self.schema))
@@ -229,8 +247,11 @@ class ChangelogTable(Table):
 
 
 def _changelog_view(table: Table) -> ChangelogTable:
+    # The view is a plain (read-only) log of the table's changes: no key settings of its own.
+    configs = {k: v for k, v in table.configs.items()
+               if k not in (PRIMARY_KEY, BUCKET_KEY, KEY_FORMAT, MERGE_ENGINE, VERSION_COLUMN)}
     view = ChangelogTable(table.name + CHANGELOG_SUFFIX, uuid.uuid5(table.topic_id, "changelog"),
-                          dict(table.configs), table.created_ms, source=table)
+                          configs, table.created_ms, source=table)
     view.value_format = table.value_format
     view.buckets = [ChangelogBucket(view, b) for b in table.buckets]
     return view
@@ -254,6 +275,7 @@ class PkTableService:
 
     # -- creation ------------------------------------------------------------------------
     def before_create(self, name: str, configs: dict[str, str], validate_only: bool) -> None:
+        self._forget_deleted()
         if name.endswith(CHANGELOG_SUFFIX):
             raise InvalidTableError(f"Topic name {name!r} ends with the reserved suffix {CHANGELOG_SUFFIX!r} "
                                     "(the changelog topics of primary-key tables)")

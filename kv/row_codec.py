@@ -67,6 +67,32 @@ def decode_bodies(schema: pa.Schema, values: pa.Array, skip: int) -> pa.StructAr
     return arr
 
 
+# Up to this many rows (point lookups) decode row by row: the vectorized decoder's fixed
+# cost per call is larger than a few rows' worth of per-row work.
+FEW_ROWS = 16
+
+
+@functools.lru_cache(maxsize=256)
+def _fastavro_schema(schema_bytes: bytes):
+    import fastavro
+    schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+    return fastavro.parse_schema(arrow_to_avro(schema, "Row"))
+
+
+def _decode_few(schema: pa.Schema, values: pa.Array) -> pa.StructArray | None:
+    """Row-by-row decoding of a handful of values; None where the vectorized path must decide."""
+    try:
+        import io
+
+        import fastavro
+        parsed = _fastavro_schema(schema.serialize().to_pybytes())
+        rows = [fastavro.schemaless_reader(io.BytesIO(v[2:]), parsed) for v in values.to_pylist()]
+        table = pa.Table.from_pylist(rows, schema=schema)
+        return pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns], fields=list(schema))
+    except Exception:  # noqa: BLE001 - types fastavro maps differently: the exact decoder decides
+        return None
+
+
 class RowCodec:
     """Current rows <-> RocksDB values; `schemas` maps row schema numbers to the schemas
     rows were written with (the tablet persists it)."""
@@ -110,7 +136,9 @@ class RowCodec:
         schema = self.schemas.get(number)
         if schema is None:
             raise ValueError(f"stored row uses unknown row schema number {number}")
-        arr = decode_bodies(schema, values, 2)
+        arr = _decode_few(schema, values) if len(values) <= FEW_ROWS else None
+        if arr is None:
+            arr = decode_bodies(schema, values, 2)
         return evolve_array(arr, self._row_field) if number != self.number else arr
 
 

@@ -78,7 +78,6 @@ def _open_rdict(path: Path, create: bool) -> Rdict:
     opts = Options(raw_mode=True)
     opts.create_if_missing(create)
     opts.increase_parallelism(2)
-    opts.set_write_buffer_size(64 << 20)
     table = BlockBasedOptions()
     # Point lookups dominate: whole-key bloom filters skip files without the key.
     table.set_bloom_filter(10, False)
