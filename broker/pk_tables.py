@@ -540,43 +540,61 @@ async def write_rows(bucket: Bucket, rows: pa.RecordBatch, *, deletes: np.ndarra
     (record_count 0 when nothing changed). Raises InvalidRecordError; then nothing is written."""
     pk = _state(bucket.table)
     kv = pk.buckets[bucket.index]
-    loop = asyncio.get_running_loop()
-    n = rows.num_rows
     async with kv.lock:
-        def prepare():
-            if check_bucket:
-                _check_bucket(pk, rows, bucket.index)
-            write = kv.tablet.prepare(rows, deletes=deletes, partial_columns=partial_columns)
-            if write.empty:
-                return write, None
-            return write, _stored_changelog(pk, write.changelog, timestamps, headers)
+        write, stored = await _prepare(pk, bucket, rows, deletes, partial_columns, timestamps, headers, check_bucket)
+        written, apply = _append(pk, bucket, write, stored, meta)
+        if apply is not None:
+            await apply
+        return written
 
-        if n > INLINE_ROWS:
-            write, stored = await loop.run_in_executor(_service().broker.cpu_executor, prepare)
-        else:
-            write, stored = prepare()
-        if stored is None:
-            end = bucket.tablet.log_end_offset
-            return BatchMeta(base_offset=end, last_offset_delta=-1, record_count=0,
-                             base_timestamp=-1, max_timestamp=-1)
-        ts = stored.column("_timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)
-        m = stored.num_rows
-        base = meta or BatchMeta(base_offset=-1, last_offset_delta=0, record_count=0, base_timestamp=0,
-                                 max_timestamp=0)
-        out_meta = dataclasses.replace(base, base_offset=-1, last_offset_delta=m - 1, record_count=m,
-                                       base_timestamp=int(ts.min()), max_timestamp=int(ts.max()),
-                                       schema_id=pk.schema_id if pk.table.value_format.name == "avro" else base.schema_id)
-        written = bucket.append(stored, out_meta)
+
+async def _prepare(pk: PkTable, bucket: Bucket, rows: pa.RecordBatch, deletes, partial_columns, timestamps,
+                   headers, check_bucket: bool):
+    """Merge one bucket's write (the caller holds the bucket's lock): (KvWrite, stored changelog | None)."""
+    kv = pk.buckets[bucket.index]
+
+    def prepare():
+        if check_bucket:
+            _check_bucket(pk, rows, bucket.index)
+        write = kv.tablet.prepare(rows, deletes=deletes, partial_columns=partial_columns)
+        if write.empty:
+            return write, None
+        return write, _stored_changelog(pk, write.changelog, timestamps, headers)
+
+    if rows.num_rows > INLINE_ROWS:
+        return await asyncio.get_running_loop().run_in_executor(_service().broker.cpu_executor, prepare)
+    return prepare()
+
+
+def _append(pk: PkTable, bucket: Bucket, write, stored: pa.RecordBatch | None, meta: BatchMeta | None):
+    """Append a prepared changelog (on the loop: the commit point), and start applying it to
+    RocksDB: (written meta, awaitable of the apply or None when done or nothing to do)."""
+    kv = pk.buckets[bucket.index]
+    if stored is None:
+        end = bucket.tablet.log_end_offset
+        return BatchMeta(base_offset=end, last_offset_delta=-1, record_count=0,
+                         base_timestamp=-1, max_timestamp=-1), None
+    ts = stored.column("_timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    m = stored.num_rows
+    base = meta or BatchMeta(base_offset=-1, last_offset_delta=0, record_count=0, base_timestamp=0,
+                             max_timestamp=0)
+    out_meta = dataclasses.replace(base, base_offset=-1, last_offset_delta=m - 1, record_count=m,
+                                   base_timestamp=int(ts.min()), max_timestamp=int(ts.max()),
+                                   schema_id=pk.schema_id if pk.table.value_format.name == "avro" else base.schema_id)
+    written = bucket.append(stored, out_meta)
+
+    def apply():
         try:
-            if len(write.keys) > INLINE_ROWS:
-                await loop.run_in_executor(_service().broker.io_executor, kv.tablet.apply, write, written.next_offset)
-            else:
-                kv.tablet.apply(write, written.next_offset)
+            kv.tablet.apply(write, written.next_offset)
         except Exception:
             # The changelog holds the write; RocksDB catches up from it.
             log.exception("applying a write to KV tablet %s failed; replaying the changelog", kv.tablet.path)
             catch_up(kv.tablet, bucket.tablet)
-        return written
+
+    if len(write.keys) > INLINE_ROWS:
+        return written, asyncio.get_running_loop().run_in_executor(_service().broker.io_executor, apply)
+    apply()
+    return written, None
 
 
 def _check_bucket(pk: PkTable, rows: pa.RecordBatch, index: int) -> None:
@@ -621,8 +639,10 @@ def _stored_changelog(pk: PkTable, changelog: pa.RecordBatch, timestamps: np.nda
 
 async def write_table_rows(table: Table, rows: pa.RecordBatch | pa.Table, *, deletes: np.ndarray | None = None,
                            partial_columns: list[str] | None = None) -> list[tuple[int, BatchMeta]]:
-    """Table API writes: rows of any buckets, split by their key's bucket, each bucket written
-    in turn (durable per the broker's flush policy when this returns). Returns (bucket, meta) pairs."""
+    """Table API writes: rows of any buckets, split by their key's bucket. Every bucket's
+    write is merged (in parallel) before any is appended, so a refused row leaves every
+    bucket untouched. Durable per the broker's flush policy when this returns. Returns
+    (bucket, meta) pairs."""
     pk = _state(table)
     if isinstance(rows, pa.Table):
         rows = rows.combine_chunks()
@@ -631,21 +651,33 @@ async def write_table_rows(table: Table, rows: pa.RecordBatch | pa.Table, *, del
     if n == 0:
         return []
     pk.layout.check_keys(rows)
-    # Refuse bad writes before any bucket is written.
     pk.spec.check_write(rows.schema.names, deletes=deletes is not None and bool(np.asarray(deletes).any()),
                         partial_columns=partial_columns)
     ids = pk.bucket_ids(rows)
-    out = []
-    durable = []
-    for b in np.unique(ids):
+    parts = []
+    for b in np.unique(ids).tolist():
         sel = np.flatnonzero(ids == b)
         part = rows if sel.size == n else rows.take(pa.array(sel))
         dels = None if deletes is None else np.asarray(deletes, bool)[sel]
-        bucket = table.buckets[int(b)]
-        written = await write_rows(bucket, part, deletes=dels, partial_columns=partial_columns, check_bucket=False)
-        out.append((int(b), written))
-        if written.record_count and _service().broker.config.flush_policy == "ack":
-            durable.append(bucket.group_commit.wait_durable(written.next_offset))
+        parts.append((table.buckets[b], part, dels))
+    locks = [pk.buckets[bucket.index].lock for bucket, _, _ in parts]  # ascending bucket order
+    for lock in locks:
+        await lock.acquire()
+    try:
+        prepared = await asyncio.gather(*(
+            _prepare(pk, bucket, part, dels, partial_columns, None, None, False) for bucket, part, dels in parts))
+        out, applies, durable = [], [], []
+        for (bucket, _, _), (write, stored) in zip(parts, prepared):
+            written, apply = _append(pk, bucket, write, stored, None)
+            out.append((bucket.index, written))
+            if apply is not None:
+                applies.append(apply)
+            if written.record_count and _service().broker.config.flush_policy == "ack":
+                durable.append(bucket.group_commit.wait_durable(written.next_offset))
+        await asyncio.gather(*applies)
+    finally:
+        for lock in locks:
+            lock.release()
     if durable:
         await asyncio.gather(*durable)
     return out
