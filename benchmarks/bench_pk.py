@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -100,6 +101,8 @@ def main() -> None:
                              "count": args.single_lookups},
         "kv_bytes_on_disk": data_bytes,
         "flush_policy": "ack",
+        # The machine may be shared: the load average says how much CPU the run had.
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "machine": machine.describe(),
     }
     print(json.dumps({k: v for k, v in out.items() if k != "machine"}, indent=1))

@@ -131,3 +131,22 @@ def test_lost_rocksdb_is_restored_from_snapshot_and_changelog(fresh_broker, topi
         assert state_of(t) == before
         assert t.lookup(pa.table({"id": pa.array([0, 3], pa.int64())})).to_pylist() == [
             {"id": 3, "payload": before[3][0], "n": 99}]
+
+
+def test_periodic_snapshots_keep_the_newest(fresh_broker, topic_name, monkeypatch):
+    monkeypatch.setenv("FLUVIAL_KV_SNAPSHOT_INTERVAL_S", "0.5")
+    monkeypatch.setenv("FLUVIAL_KV_SNAPSHOT_RETAIN", "2")
+    broker = fresh_broker()
+    create(broker, topic_name)
+    with connect(broker.flight_url) as client:
+        t = client.table(topic_name)
+        for i in range(4):
+            t.upsert(batch_rows(i))
+            time.sleep(1.2)
+        kept = t.snapshots()[0]
+        assert len(kept) == 2
+        assert [s["snapshot_id"] for s in kept] == sorted(s["snapshot_id"] for s in kept)
+        # The newest covers everything written: nothing changed after the last write.
+        assert kept[-1]["log_offset"] == t.offsets()[0].high_watermark
+        time.sleep(1.2)
+        assert t.snapshots()[0] == kept  # no change, no new snapshot
