@@ -6,7 +6,12 @@ least recently inserted out first.
 """
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
+
+# lastOffsetDelta of a v2 batch: after baseOffset, length, leader epoch, magic, CRC, attributes.
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+_LAST_OFFSET_DELTA_AT = 23
 
 
 class WireCache:
@@ -37,6 +42,34 @@ class WireCache:
         else:
             self.hits += 1
         return batch
+
+    def tail(self, table: str, bucket: int, offset: int, end: int, max_bytes: int) -> tuple[list[bytes], int] | None:
+        """The cached batches from the one starting at `offset`, in order, up to `end` (the log
+        end) and about `max_bytes` (at least one); None when the batch at `offset` is not here.
+
+        A tailing consumer is served without reading the log tablet: each batch's last
+        offset delta names the next batch's base offset. A hole ends the run early; the
+        consumer's next fetch starts there.
+        """
+        entries = self._entries
+        batch = entries.get((table, bucket, offset))
+        if batch is None:
+            self.misses += 1
+            return None
+        out = [batch]
+        size = len(batch)
+        unpack = _LAST_OFFSET_DELTA.unpack_from
+        while True:
+            offset += unpack(batch, _LAST_OFFSET_DELTA_AT)[0] + 1
+            if offset >= end:
+                break
+            batch = entries.get((table, bucket, offset))
+            if batch is None or size + len(batch) > max_bytes:
+                break
+            out.append(batch)
+            size += len(batch)
+        self.hits += len(out)
+        return out, size
 
     def drop_table(self, table: str) -> None:
         for key in [k for k in self._entries if k[0] == table]:

@@ -121,8 +121,17 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
             results.append((key, _partition_result(p.partition, 0, bucket)))
             continue
         try:
-            if p.fetch_offset == bucket.tablet.log_end_offset:
-                batches, size = [], 0
+            tablet = bucket.tablet
+            end = tablet.log_end_offset
+            cached = None
+            if p.fetch_offset == end:
+                cached = [], 0
+            elif tablet.log_start_offset <= p.fetch_offset < end and bucket.table.config(
+                    "compression.type") == "producer" and pk_tables.kafka_view(bucket.table) is None:
+                # A tailing consumer: the producers' own batches, with no thread hop.
+                cached = ctx.broker.wire_cache.tail(bucket.table.name, bucket.index, p.fetch_offset, end, limit)
+            if cached is not None:
+                batches, size = cached
             elif limit > 256 * 1024:
                 batches, size = await loop.run_in_executor(
                     ctx.broker.cpu_executor, _read_bucket, ctx, bucket, p.fetch_offset, limit)
