@@ -9,6 +9,7 @@ whose result is an Arrow IPC stream of the rows found.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 
 import numpy as np
@@ -86,7 +87,8 @@ def do_put(server, body: dict, reader, writer) -> None:
         if batch is None or batch.num_rows == 0:
             continue
         deletes = np.ones(batch.num_rows, bool) if delete else None
-        written = server._on_loop(pk_tables.write_table_rows, table, batch, deletes, columns)
+        written = server._on_loop(functools.partial(pk_tables.write_table_rows, table, batch, deletes=deletes,
+                                                    partial_columns=columns))
         writer.write(pa.py_buffer(json.dumps(
             {"written": [[b, w.base_offset, w.record_count] for b, w in written]}).encode()))
 
