@@ -16,7 +16,7 @@ from fluvial.broker.kafka_batches import RAW
 from fluvial.errors import InvalidConfigError
 from fluvial.schema.codecs import AvroValueCodec, JsonValueCodec
 from fluvial.schema.errors import RegistryError as SchemaError
-from fluvial.schema.registry import SchemaRegistered, SchemaRegistry, SchemaType, parse_schema
+from fluvial.schema.registry import SchemaRegistered, SchemaRegistry, SchemaType, parse_schema, table_validator
 from fluvial.schema.rest import start_http
 from fluvial.schema.value_format import TypedValueFormat
 
@@ -76,6 +76,13 @@ class TableSchemas:
     def attach(self, table) -> None:
         table.value_format = self.format_for(table.name, table.configs)
 
+    def is_typed_table_subject(self, subject: str) -> bool:
+        """A subject whose versions become the columns of an existing typed table."""
+        if not subject.endswith("-value"):
+            return False
+        table = self.tables.tables.get(subject[: -len("-value")])
+        return table is not None and table.value_format is not RAW
+
     def on_registered(self, event: SchemaRegistered) -> None:
         table = self.tables.tables.get(event.topic) if event.topic else None
         if table is not None and table.value_format is RAW and table.configs.get(FORMAT, "") != "raw":
@@ -92,6 +99,8 @@ async def start_registry(broker) -> None:
     broker.tables.create_hooks.append(schemas.before_create)
     broker.tables.open_hooks.append(schemas.attach)
     registry.listeners.append(schemas.on_registered)
+    # A new version that the table's stored columns cannot evolve to is refused (HTTP 409).
+    registry.validators.append(table_validator(schemas.is_typed_table_subject))
     broker.extensions["registry"] = registry
     broker.extensions["table_schemas"] = schemas
     runner = await start_http(registry, broker.config.host, broker.config.http_port)
