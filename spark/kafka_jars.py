@@ -19,9 +19,15 @@ from pathlib import Path
 SCALA_BINARY_VERSION = "2.13"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Only these are taken from the resolved tree: everything else the Kafka source needs
-# (lz4, snappy, zstd-jni, slf4j, Hadoop's client) already ships in PySpark's jars/, and a
-# second copy of those on the class path invites version clashes.
-WANTED = ("spark-sql-kafka-0-10", "spark-token-provider-kafka-0-10", "kafka-clients", "commons-pool2")
+# (lz4, snappy, zstd-jni, slf4j, Avro, Hadoop's client) already ships in PySpark's jars/, and
+# a second copy of those on the class path invites version clashes. spark-avro brings
+# from_avro/to_avro, which Avro values read through the Kafka source need.
+WANTED = ("spark-sql-kafka-0-10", "spark-token-provider-kafka-0-10", "kafka-clients", "commons-pool2", "spark-avro")
+# Some Maven Central mirrors lack the newer releases of two small companions of the Kafka
+# source (while spark-sql-kafka-0-10 itself is there). When the Spark version's own cannot be
+# resolved these are used in their place; both were checked against Spark 4.2.0.
+# spark-token-provider-kafka-0-10 only carries delegation-token support (API unchanged in 4.x).
+FALLBACKS = {"spark-token-provider-kafka-0-10": "4.0.0", "spark-avro": "4.1.1"}
 
 
 class KafkaJarsError(RuntimeError):
@@ -42,24 +48,21 @@ def cache_dir(version: str | None = None) -> Path:
     return root / f"spark-kafka-{version or spark_version()}"
 
 
-# spark-token-provider-kafka-0-10 only carries Kafka delegation-token support, and its API has
-# not changed within Spark 4; some Maven Central mirrors lack its newer releases (while
-# spark-sql-kafka-0-10 is there), so when the Spark version's one cannot be resolved this one
-# is used in its place.
-TOKEN_PROVIDER_FALLBACK = "4.0.0"
-
-
-def _pom(version: str, token_version: str) -> str:
-    artifact = f"spark-sql-kafka-0-10_{SCALA_BINARY_VERSION}"
-    token = f"spark-token-provider-kafka-0-10_{SCALA_BINARY_VERSION}"
+def _pom(version: str, pins: dict[str, str]) -> str:
+    """A pom whose dependencies are the Kafka source and spark-avro of `version`, with the
+    companions in `pins` at the versions given there instead."""
     spark = "<groupId>org.apache.spark</groupId>"
-    if token_version == version:
-        deps = f"<dependency>{spark}<artifactId>{artifact}</artifactId><version>{version}</version></dependency>"
-    else:
-        deps = (f"<dependency>{spark}<artifactId>{artifact}</artifactId><version>{version}</version>"
-                f"<exclusions><exclusion>{spark}<artifactId>{token}</artifactId></exclusion></exclusions>"
-                f"</dependency>\n    <dependency>{spark}<artifactId>{token}</artifactId>"
-                f"<version>{token_version}</version></dependency>")
+
+    def dep(artifact: str, v: str, exclude: list[str] = ()) -> str:
+        ex = "".join(f"<exclusion>{spark}<artifactId>{e}_{SCALA_BINARY_VERSION}</artifactId></exclusion>"
+                     for e in exclude)
+        return (f"<dependency>{spark}<artifactId>{artifact}_{SCALA_BINARY_VERSION}</artifactId><version>{v}</version>"
+                + (f"<exclusions>{ex}</exclusions>" if ex else "") + "</dependency>")
+
+    deps = [dep("spark-sql-kafka-0-10", version, [a for a in pins if a != "spark-avro"]),
+            dep("spark-avro", pins.get("spark-avro", version))]
+    deps += [dep(a, v) for a, v in pins.items() if a != "spark-avro"]
+    body = "\n    ".join(deps)
     return f"""<?xml version="1.0" encoding="UTF-8"?>
 <project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -68,7 +71,7 @@ def _pom(version: str, token_version: str) -> str:
   <version>{version}</version>
   <packaging>pom</packaging>
   <dependencies>
-    {deps}
+    {body}
   </dependencies>
 </project>
 """
@@ -117,13 +120,15 @@ def fetch(version: str | None = None, quiet: bool = True) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     settings = folder / "settings.xml"
     settings.write_text(_SETTINGS)
-    token_versions = [version] + ([TOKEN_PROVIDER_FALLBACK] if version.startswith("4.") else [])
-    for token_version in token_versions:
-        staging, failure = _resolve(mvn, folder, settings, version, token_version, quiet)
+    pins: dict[str, str] = {}
+    while True:
+        staging, failure = _resolve(mvn, folder, settings, version, pins, quiet)
         if staging is not None:
             break
-        if "spark-token-provider-kafka" not in failure:
+        missing = [a for a in FALLBACKS if a in failure and a not in pins and version.startswith("4.")]
+        if not missing:
             break
+        pins[missing[0]] = FALLBACKS[missing[0]]
     if staging is None:
         raise KafkaJarsError(
             f"could not fetch Spark's Kafka source jars for Spark {version} from Maven Central; "
@@ -136,12 +141,12 @@ def fetch(version: str | None = None, quiet: bool = True) -> list[Path]:
     return _jars_in(libs)
 
 
-def _resolve(mvn: str, folder: Path, settings: Path, version: str, token_version: str,
+def _resolve(mvn: str, folder: Path, settings: Path, version: str, pins: dict[str, str],
              quiet: bool) -> tuple[Path | None, str]:
     """Copy the jars into a fresh folder (renamed into place by the caller, so that an
     interrupted fetch never looks complete). Returns it, or None and Maven's complaint."""
     pom = folder / "pom.xml"
-    pom.write_text(_pom(version, token_version))
+    pom.write_text(_pom(version, pins))
     staging = Path(tempfile.mkdtemp(prefix="libs-", dir=folder))
     includes = ",".join(f"{w}_{SCALA_BINARY_VERSION}" if w.startswith("spark-") else w for w in WANTED)
     # -U: a version missing from an earlier attempt is looked up again, not taken from
@@ -159,9 +164,9 @@ def _resolve(mvn: str, folder: Path, settings: Path, version: str, token_version
 
 
 def kafka_jars(version: str | None = None) -> list[str]:
-    """Local paths of spark-sql-kafka-0-10, spark-token-provider-kafka-0-10 (both of the
-    installed Spark version), kafka-clients and commons-pool2, ready for `spark.jars`;
-    fetched into the cache on first use."""
+    """Local paths of spark-sql-kafka-0-10, spark-token-provider-kafka-0-10 (of the installed
+    Spark version), kafka-clients, commons-pool2 and spark-avro (for from_avro), ready for
+    `spark.jars`; fetched into the cache on first use."""
     return [str(p) for p in fetch(version)]
 
 
