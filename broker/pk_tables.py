@@ -28,7 +28,7 @@ from fluvial.broker import kafka_batches
 from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.log import BatchMeta, StoredBatch
 from fluvial.broker.tables import Bucket, Table
-from fluvial.errors import InvalidConfigError, InvalidRecordError, InvalidRequestError, InvalidTableError
+from fluvial.errors import InvalidConfigError, InvalidRecordError, InvalidRequestError, InvalidTableError, StorageError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec, SnapshotInfo, SnapshotStore
 from fluvial.kv.bucketing import buckets_of
 from fluvial.kv.tablet import CHANGE_COLUMN, SOURCE_COLUMN
@@ -72,6 +72,8 @@ def pk_state(table: Table) -> "PkTable":
 def _state(table: Table) -> "PkTable":
     pk = getattr(table, "pk", None)
     if pk is None:
+        if getattr(table, "pk_error", None):
+            raise StorageError(f"primary-key table {table.name!r} is unavailable: {table.pk_error}")
         raise InvalidRequestError(f"table {table.name!r} has no primary key")
     pk.follow_schema()
     return pk
@@ -345,8 +347,16 @@ class PkTableService:
         bucket_key_format = self._key_format(table.name, key_name, schema, layout.bucket_key, bucket=True)
         schema_id = self._value_schema_id(table)
         pk = PkTable(table, schema, layout, spec, key_format, bucket_key_format, schema_id)
-        for bucket in table.buckets:
-            pk.buckets.append(self._open_bucket(pk, bucket))
+        try:
+            for bucket in table.buckets:
+                pk.buckets.append(self._open_bucket(pk, bucket))
+        except KvTabletError as exc:
+            # One unrecoverable table must not keep the broker (and every other table) down.
+            log.error("primary-key table %s stays unavailable: %s", table.name, exc)
+            for kv in pk.buckets:
+                kv.tablet.close()
+            table.pk_error = str(exc)
+            return
         table.pk = pk
         # The bucket of a row is fixed by its key's hash over the bucket count.
         table.fixed_buckets_reason = lambda: "rows are placed in buckets by the hash of their key"
@@ -475,9 +485,16 @@ def open_kv_tablet(path: Path, pk: PkTable, bucket: Bucket, snapshots: SnapshotS
             log.warning("KV tablet %s is ahead of its log (%d > %d); restoring it", path, tablet.applied_offset, end)
             tablet.close()
             tablet = None
+        if tablet is not None and tablet.applied_offset < log_tablet.log_start_offset:
+            log.warning("KV tablet %s is behind the changelog's start (%d < %d); restoring it", path,
+                        tablet.applied_offset, log_tablet.log_start_offset)
+            tablet.close()
+            tablet = None
     if tablet is None:
         shutil.rmtree(path, ignore_errors=True)
         latest = snapshots.latest(max_offset=end)
+        if latest is not None and latest.log_offset < log_tablet.log_start_offset:
+            latest = None  # retention removed changes it would need
         if latest is not None:
             snapshots.restore(latest, path)
             log.info("KV tablet %s restored from snapshot %d (offset %d)", path, latest.snapshot_id, latest.log_offset)
@@ -578,8 +595,15 @@ def _append(pk: PkTable, bucket: Bucket, write, stored: pa.RecordBatch | None, m
     m = stored.num_rows
     base = meta or BatchMeta(base_offset=-1, last_offset_delta=0, record_count=0, base_timestamp=0,
                              max_timestamp=0)
+    base_sequence = base.base_sequence
+    if base.producer_id >= 0 and base_sequence >= 0:
+        # The changelog has m rows for the producer's n records: stored so that the batch's
+        # last sequence is still the producer's, which is what a producer state rebuilt
+        # from the log after a restart expects the next batch to follow.
+        base_sequence = (base_sequence + base.last_offset_delta - (m - 1)) % (1 << 31)
     out_meta = dataclasses.replace(base, base_offset=-1, last_offset_delta=m - 1, record_count=m,
                                    base_timestamp=int(ts.min()), max_timestamp=int(ts.max()),
+                                   base_sequence=base_sequence,
                                    schema_id=pk.schema_id if pk.table.value_format.name == "avro" else base.schema_id)
     written = bucket.append(stored, out_meta)
 
