@@ -101,3 +101,23 @@ def test_table_definitions_and_appends_are_checked(client, topic_name):
     t = client.create_table(topic_name, SCHEMA, primary_key=["user", "item"])
     with pytest.raises(InvalidRequestError, match="upsert"):
         t.append(rows(("a", 1, 1, "x", 0)))
+
+
+def test_schema_evolution_keeps_stored_rows_readable(broker, client, topic_name):
+    import json
+
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    from fluvial.schema.arrow_mapping import arrow_to_avro
+
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("name", pa.string())])
+    t = client.create_table(topic_name, schema, kafka_format="avro", primary_key=["id"])
+    t.upsert(pa.table({"id": pa.array([1, 2], pa.int64()), "name": ["a", "b"]}))
+    wider = schema.append(pa.field("city", pa.string()))
+    sr = SchemaRegistryClient({"url": broker.http_url})
+    avro = arrow_to_avro(wider, topic_name.replace("-", "_"))  # the record name the table was made with
+    sr.register_schema(f"{topic_name}-value", Schema(json.dumps(avro), "AVRO"))
+    t.upsert(pa.table({"id": pa.array([2, 3], pa.int64()), "name": ["b2", "c"], "city": ["x", "y"]}))
+    got = sorted(t.lookup([{"id": 1}, {"id": 2}, {"id": 3}]).to_pylist(), key=lambda r: r["id"])
+    assert got == [{"id": 1, "name": "a", "city": None}, {"id": 2, "name": "b2", "city": "x"},
+                   {"id": 3, "name": "c", "city": "y"}]
