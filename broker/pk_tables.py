@@ -527,7 +527,7 @@ def catch_up(tablet: KvTablet, log_tablet) -> int:
 
 # ---------------------------------------------------------------- writes
 
-def _service(broker=None) -> PkTableService:
+def _service() -> PkTableService:
     svc = _SERVICE.get("service")
     if svc is None:
         raise InvalidRequestError("primary-key tables are not enabled in this broker")
@@ -918,32 +918,13 @@ async def full_read(bucket: Bucket) -> tuple[pa.Table, int]:
     pk = _state(bucket.table)
     kv = pk.buckets[bucket.index]
     async with kv.lock:
-        offset = kv.tablet.applied_offset
-        snap = kv.tablet.db.snapshot()
-    loop = asyncio.get_running_loop()
+        view, offset = kv.tablet.snapshot()
 
     def read() -> pa.Table:
-        batches = list(_scan_snapshot(kv.tablet, snap))
+        batches = list(kv.tablet.scan(view=view))
         return pa.Table.from_batches(batches, schema=pk.schema) if batches else pk.schema.empty_table()
 
-    return await loop.run_in_executor(_service().broker.cpu_executor, read), offset
-
-
-def _scan_snapshot(tablet: KvTablet, snap) -> list[pa.RecordBatch]:
-    from fluvial.kv.row_codec import DATA_PREFIX
-    it = snap.iter()
-    it.seek(DATA_PREFIX)
-    values: list[bytes] = []
-    out = []
-    while it.valid() and it.key().startswith(DATA_PREFIX):
-        values.append(it.value())
-        if len(values) >= 8192:
-            out.append(tablet._rows_batch(pa.array(values, pa.binary())))
-            values = []
-        it.next()
-    if values:
-        out.append(tablet._rows_batch(pa.array(values, pa.binary())))
-    return out
+    return await asyncio.get_running_loop().run_in_executor(_service().broker.cpu_executor, read), offset
 
 
 # ---------------------------------------------------------------- start / stop

@@ -445,9 +445,13 @@ class KvTablet:
             del it
         return self._rows_table(pa.array(values, pa.binary()))
 
-    def scan(self, chunk_rows: int = _SCAN_CHUNK) -> Iterator[pa.RecordBatch]:
-        """Every current row, in key order, in batches."""
-        it = self.db.iter()
+    def snapshot(self):
+        """A consistent point-in-time view of the rows (pass it to `scan`), and the log offset it covers."""
+        return self.db.snapshot(), self.applied_offset
+
+    def scan(self, chunk_rows: int = _SCAN_CHUNK, view=None) -> Iterator[pa.RecordBatch]:
+        """Every current row (or every row of a `snapshot()` view), in key order, in batches."""
+        it = (view or self.db).iter()
         it.seek(DATA_PREFIX)
         values: list[bytes] = []
         while it.valid() and it.key().startswith(DATA_PREFIX):

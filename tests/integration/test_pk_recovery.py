@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 from fluvial.client import connect
 from fluvial.client.errors import BrokerUnavailableError

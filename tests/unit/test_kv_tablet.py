@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from fluvial.errors import InvalidRecordError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, MergeSpec, SnapshotStore
-from fluvial.kv.rowmerger import MergeEngine
 from fluvial.errors import InvalidConfigError
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("name", pa.string()),
@@ -80,7 +79,6 @@ def test_merge_engine_matches_model_and_changelog_replays(tmp_path_factory, engi
         # The engines refuse deletes / partial updates except last_row: keep to what each takes.
         if engine != "last_row":
             batch = [("upsert",) + op[1:] for op in batch]
-        kinds = {op[0] for op in batch}
         # One write carries either partial updates or full rows (deletes ride with full rows).
         groups = [[op for op in batch if op[0] == "partial"], [op for op in batch if op[0] != "partial"]]
         for group in groups:
@@ -100,7 +98,6 @@ def test_merge_engine_matches_model_and_changelog_replays(tmp_path_factory, engi
             offset += len(cl)
             if not write.empty:
                 tablet.apply(write, offset)
-        del kinds
         assert state(tablet) == model
     assert replay_changelog(changelog) == model
     # Nothing is emitted for a no-op: every -U is followed by its +U, with a different row.
