@@ -15,21 +15,15 @@ from fluvial.spark.kafka_jars import KafkaJarsError, kafka_jars
 FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
-def register(spark: Any, filter_pushdown: bool | None = None) -> None:
-    """Register `format("fluvial")` with a SparkSession.
-
-    filter_pushdown: hand filters Fluvial can evaluate to the broker (Spark 4.1+; the switch
-    is session-wide). Default: on from Spark 4.3. Spark 4.1 and 4.2 keep the read plan of a
-    scan with pushed filters on the DataFrame, and a later query on the *same* DataFrame
-    without filters reuses it (too few rows); with `True` there, build the DataFrame
-    (`spark.read...load()`) per query."""
+def register(spark: Any) -> None:
+    """Register `format("fluvial")` with a SparkSession. On Spark 4.1+ this also switches on
+    `spark.sql.python.filterPushdown.enabled` (session-wide, for every Python data source),
+    so that reads with the option `pushFilters` hand filters to the broker."""
     from fluvial.spark.source import FluvialDataSource
 
     spark.dataSource.register(FluvialDataSource)
-    if filter_pushdown is None:
-        filter_pushdown = _spark_at_least(spark.version, (4, 3))
     if _spark_at_least(spark.version, (4, 1)):
-        spark.conf.set(FILTER_PUSHDOWN_CONF, "true" if filter_pushdown else "false")
+        spark.conf.set(FILTER_PUSHDOWN_CONF, "true")
 
 
 def _spark_at_least(version: str, wanted: tuple[int, int]) -> bool:

@@ -66,6 +66,7 @@ class Options:
     retry_ms: int
     scan_stats_dir: str | None
     create_table: bool
+    push_filters: bool
     buckets: int
     kafka_format: str | None
 
@@ -93,6 +94,7 @@ class Options:
             retry_ms=_positive(opts, "retrytimeoutms", DEFAULT_RETRY_MS, allow_zero=True),
             scan_stats_dir=opts.get("scanstatsdir"),
             create_table=_flag(opts.get("createtable", "false")),
+            push_filters=_flag(opts["pushfilters"]) if "pushfilters" in opts else default_push_filters(),
             buckets=_positive(opts, "buckets", 1),
             kafka_format=opts.get("kafkaformat"),
         )
@@ -315,6 +317,24 @@ class FluvialReader(DataSourceReader):
         self.types = {f.name: f.type for f in [*info.schema, *METADATA_FIELDS]}
         self.pushed: list[tuple[str, str, Any]] = []
 
+    def partitions(self) -> Sequence[BucketRange]:
+        parts: list[BucketRange] = []
+        for b in _offsets(self.opts):
+            start = max(_resolve(self.opts.starting, b, "earliest"), b.log_start)
+            end = min(_resolve(self.opts.ending, b, "latest"), b.high_watermark)
+            parts += split_ranges(b.bucket, start, end, self.opts.max_records_per_partition)
+        return parts or [BucketRange(0, 0, 0)]
+
+    def read(self, partition: BucketRange) -> Iterator[pa.RecordBatch]:
+        if partition.end <= partition.start:
+            return iter(())
+        return _scan_for(self.opts, self.schema, self.pushed).read(partition)
+
+
+class FluvialFilteringReader(FluvialReader):
+    """A batch reader that takes filters (Spark 4.1+; Spark calls pushFilters only when
+    `spark.sql.python.filterPushdown.enabled` is on, and refuses readers that have it when off)."""
+
     def pushFilters(self, filters: list) -> Iterator:
         """Filters the broker evaluates (and uses to skip stored batches by their statistics)
         are taken; the others are given back for Spark to apply."""
@@ -328,18 +348,15 @@ class FluvialReader(DataSourceReader):
             else:
                 self.pushed.append(condition)
 
-    def partitions(self) -> Sequence[BucketRange]:
-        parts: list[BucketRange] = []
-        for b in _offsets(self.opts):
-            start = max(_resolve(self.opts.starting, b, "earliest"), b.log_start)
-            end = min(_resolve(self.opts.ending, b, "latest"), b.high_watermark)
-            parts += split_ranges(b.bucket, start, end, self.opts.max_records_per_partition)
-        return parts or [BucketRange(0, 0, 0)]
 
-    def read(self, partition: BucketRange) -> Iterator[pa.RecordBatch]:
-        if partition.end <= partition.start:
-            return iter(())
-        return _scan_for(self.opts, self.schema, self.pushed).read(partition)
+def default_push_filters() -> bool:
+    """Spark 4.1 and 4.2 keep the read plan of a scan with pushed filters on the DataFrame it
+    came from: a later query on that DataFrame without filters reuses it and returns too few
+    rows. Pushing is the default from Spark 4.3, where the plan stays with its scan."""
+    import pyspark
+
+    from fluvial.spark import _spark_at_least
+    return _spark_at_least(pyspark.__version__, (4, 3))
 
 
 class FluvialStreamReader(DataSourceStreamReader):
@@ -510,7 +527,7 @@ class FluvialDataSource(DataSource):
 
     def reader(self, schema: StructType) -> FluvialReader:
         opts, info = self._checked(schema, False)
-        return FluvialReader(opts, schema, info)
+        return (FluvialFilteringReader if opts.push_filters else FluvialReader)(opts, schema, info)
 
     def streamReader(self, schema: StructType) -> FluvialStreamReader:
         opts, _ = self._checked(schema, True)
