@@ -154,15 +154,22 @@ class PkTable:
             kv.tablet.evolve(schema)
 
     def kafka_keys(self, rows: pa.RecordBatch | pa.StructArray) -> pa.Array:
-        return self.key_format.encode(_select(rows, self.layout.primary_key, self.schema))
+        return self.key_format.encode(_select(rows, in_schema_order(self.schema, self.layout.primary_key),
+                                              self.schema))
 
     def bucket_ids(self, rows: pa.RecordBatch | pa.Table) -> np.ndarray:
         """The bucket of each row (or key row), from its canonical bucket-key bytes."""
         if self.layout.bucket_key == self.layout.primary_key:
             keys = self.kafka_keys(rows)
         else:
-            keys = self.bucket_key_format.encode(_select(rows, self.layout.bucket_key, self.schema))
+            keys = self.bucket_key_format.encode(
+                _select(rows, in_schema_order(self.schema, self.layout.bucket_key), self.schema))
         return buckets_of(keys, len(self.table.buckets))
+
+
+def in_schema_order(schema: pa.Schema, columns: list[str]) -> list[str]:
+    """Key columns as the Kafka key holds them: in the order of the table's schema."""
+    return [c for c in schema.names if c in columns]
 
 
 def _select(rows, columns: list[str], schema: pa.Schema) -> pa.StructArray:
@@ -322,7 +329,8 @@ class PkTableService:
     def _register_key_schema(self, name: str, schema: pa.Schema, configs: dict[str, str]) -> int:
         from fluvial.schema.registry import parse_schema
         layout = KeyLayout(schema, _columns(configs.get(PRIMARY_KEY)), _columns(configs.get(BUCKET_KEY)) or None)
-        key_schema = pa.schema([schema.field(c).with_nullable(False) for c in layout.primary_key])
+        key_schema = pa.schema([schema.field(c).with_nullable(False)
+                                for c in in_schema_order(schema, layout.primary_key)])
         parsed = parse_schema(json.dumps(key_avro_schema(name, key_schema)), "AVRO")
         subject = f"{name}-key"
         try:
@@ -375,7 +383,7 @@ class PkTableService:
 
     def _key_format(self, name: str, fmt: str, schema: pa.Schema, columns: list[str], bucket: bool = False) -> KeyFormat:
         from fluvial.schema.codecs import AvroValueCodec, JsonValueCodec
-        key_schema = pa.schema([schema.field(c).with_nullable(False) for c in columns])
+        key_schema = pa.schema([schema.field(c).with_nullable(False) for c in in_schema_order(schema, columns)])
         if fmt == "json":
             return KeyFormat("json", JsonValueCodec(self.registry, f"{name}-key", key_schema), 0)
         if bucket:

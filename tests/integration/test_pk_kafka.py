@@ -168,3 +168,17 @@ def test_bad_table_definitions_are_refused(broker, topic_name, configs, message)
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     with pytest.raises(Exception, match=message):
         admin.create_topics([NewTopic(topic_name, 1, 1, config=cfg)])[topic_name].result(10)
+
+
+def test_json_key_is_the_compact_object_of_key_columns_in_schema_order(broker, topic_name):
+    schema = {"type": "record", "name": "Line", "fields": [
+        {"name": "order", "type": "long"}, {"name": "note", "type": "string"}, {"name": "line", "type": "int"}]}
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 2, 1, config={
+        "fluvial.value.format": "avro", "fluvial.value.schema": json.dumps(schema), "fluvial.key.format": "json",
+        "fluvial.primary.key": "line,order"})])[topic_name].result(10)
+    with connect(broker.flight_url) as client:
+        client.table(topic_name).upsert([{"order": 7, "note": "x", "line": 2}])
+    got = read_all(broker, topic_name, 2, 1)
+    assert [m.key() for m in got] == [b'{"order":7,"line":2}']
+    assert got[0].partition() == bucket_of(b'{"order":7,"line":2}', 2)
