@@ -294,19 +294,42 @@ def docker_available() -> bool:
 
 
 def start_kafka_from_docker(workdir: Path, spec: SystemSpec = KAFKA, timeout_s: float = 180.0) -> RunningBroker:
-    from testcontainers.kafka import KafkaContainer
+    """The `apache/kafka` image of the pinned version, configured like the jar broker above.
+    testcontainers' KafkaContainer targets Confluent's images, so a plain container is used."""
+    from testcontainers.core.container import DockerContainer
 
-    container = KafkaContainer(image=f"apache/kafka:{kafka_dist.KAFKA_VERSION}").with_kraft()
+    port = free_port()
+    container = DockerContainer(f"apache/kafka:{kafka_dist.KAFKA_VERSION}")
+    # The listener port is the same inside and outside, so the advertised address is right on both.
+    host = container.get_docker_client().host()
+    settings = {
+        "KAFKA_NODE_ID": "1",
+        "KAFKA_PROCESS_ROLES": "broker,controller",
+        "KAFKA_LISTENERS": f"PLAINTEXT://:{port},CONTROLLER://:9093",
+        "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://{host}:{port}",
+        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
+        "KAFKA_NUM_PARTITIONS": "1",
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR": "1",
+        "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+    }
+    for key, value in settings.items():
+        container.with_env(key, value)
+    container.with_bind_ports(port, port)
     container.start()
-    bootstrap = container.get_bootstrap_server()
     wrapped = container.get_wrapped_container()
     wrapped.reload()
-    pid = int(wrapped.attrs["State"]["Pid"])  # the container's init process, visible from the host
+    pid = int(wrapped.attrs["State"]["Pid"])  # the container's first process; RSS counts its children too
     log_path = workdir / "kafka-docker.log"
-    broker = RunningBroker(spec=spec, bootstrap=bootstrap, pid=pid, workdir=workdir, log_path=log_path,
+    broker = RunningBroker(spec=spec, bootstrap=f"{host}:{port}", pid=pid, workdir=workdir, log_path=log_path,
                            version=kafka_dist.KAFKA_VERSION, _container=container)
     try:
-        wait_until_serving(bootstrap, timeout_s, lambda: True)
+        wait_until_serving(broker.bootstrap, timeout_s, lambda: True)
     except BaseException:
         log_path.write_bytes(wrapped.logs())
         broker.stop()
