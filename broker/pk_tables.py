@@ -935,6 +935,20 @@ async def full_read(bucket: Bucket) -> tuple[pa.Table, int]:
     return await asyncio.get_running_loop().run_in_executor(_service().broker.cpu_executor, read), offset
 
 
+def deletion_refusal(table: Table) -> str | None:
+    """Why DeleteTopics must refuse `table` (a changelog view: delete the table itself), or None."""
+    if isinstance(table, ChangelogTable):
+        return f"{table.name} is the changelog of table {table.source.name}; delete the table itself"
+    return None
+
+
+def table_deleted(table: Table) -> None:
+    """After a table is deleted: close its KV tablets, remove them, its snapshots and its changelog view."""
+    svc = _SERVICE.get("service")
+    if svc is not None:
+        svc._forget_deleted()
+
+
 # ---------------------------------------------------------------- start / stop
 
 @on_start
