@@ -32,6 +32,20 @@ def fresh_broker(tmp_path):
             b.stop()
 
 
+@pytest.fixture(scope="session")
+def java_tools():
+    """Apache Kafka's Java clients and tools (`benchmarks.kafka_dist`), fetched from Maven
+    Central on first use; the tests that need them are skipped, saying why, without it."""
+    from benchmarks import kafka_dist
+
+    if not kafka_dist.is_fetched():
+        try:
+            kafka_dist.fetch()
+        except Exception as exc:  # noqa: BLE001 - no Maven Central: say why the tests cannot run
+            pytest.skip(f"Apache Kafka's jars are not available: {exc}")
+    return kafka_dist
+
+
 @pytest.fixture
 def topic_name() -> str:
     return f"t-{uuid.uuid4().hex[:10]}"

@@ -8,19 +8,7 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-kafka_dist = pytest.importorskip("benchmarks.kafka_dist")
-
 pytestmark = pytest.mark.java
-
-
-@pytest.fixture(scope="module")
-def java_tools():
-    if not kafka_dist.is_fetched():
-        try:
-            kafka_dist.fetch()
-        except Exception as exc:  # noqa: BLE001 - no Maven Central: say why the tests cannot run
-            pytest.skip(f"Apache Kafka's jars are not available: {exc}")
-    return kafka_dist
 
 
 def produce(bootstrap: str, topic: str, values: list[str]) -> None:

@@ -8,19 +8,7 @@ import pytest
 from tests.integration.test_idempotence import (PROXY_HOST, ResponseDroppingProxy, assert_exactly_once_in_order,
                                                 create_topic, needs_alias, read_all)
 
-kafka_dist = pytest.importorskip("benchmarks.kafka_dist")
-
 pytestmark = pytest.mark.java
-
-
-@pytest.fixture(scope="module")
-def java_tools():
-    if not kafka_dist.is_fetched():
-        try:
-            kafka_dist.fetch()
-        except Exception as exc:  # noqa: BLE001 - no Maven Central: say why the tests cannot run
-            pytest.skip(f"Apache Kafka's jars are not available: {exc}")
-    return kafka_dist
 
 
 @needs_alias
