@@ -43,8 +43,9 @@ class Broker:
         self.extensions: dict[str, object] = {}
         # Ports of the other listeners, filled by their start hooks ("http_port", "flight_port").
         self.ports: dict[str, int] = {}
-        handlers.load_all()
+        # Services first, so their start hooks run in SERVICES order before any a handler adds.
         load_services()
+        handlers.load_all()
 
     def _cluster_id(self) -> str:
         rows = self.store.query("SELECT value FROM cluster WHERE key = 'cluster_id'")
@@ -134,7 +135,7 @@ def settle_garbage_collector() -> None:
 
 
 # Services beside the Kafka listener; each registers its start/stop hooks on import.
-SERVICES = ["fluvial.broker.registry_service", "fluvial.broker.flight"]
+SERVICES = ["fluvial.broker.registry_service", "fluvial.broker.pk_tables", "fluvial.broker.flight"]
 
 
 def load_services() -> None:

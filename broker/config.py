@@ -44,6 +44,8 @@ class TopicConfigDef:
     kind: str  # "long" | "int" | "string" | "list"
     doc: str
     valid: tuple[str, ...] = ()
+    # Fixed at creation: what the stored data means depends on it.
+    immutable: bool = False
 
 
 # Topic configs a client may set, with the defaults a topic gets when it sets none.
@@ -64,17 +66,17 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {c.name: c for c in [
     TopicConfigDef("min.insync.replicas", "1", "int", "Single-node broker: always 1."),
     TopicConfigDef("flush.messages", "9223372036854775807", "long", "Informational; see the broker's flush policy."),
     TopicConfigDef("flush.ms", "9223372036854775807", "long", "Informational; see the broker's flush policy."),
-    TopicConfigDef("fluvial.value.format", "raw", "string", "Value format on the Kafka path.", ("raw", "avro", "json")),
+    TopicConfigDef("fluvial.value.format", "raw", "string", "Value format on the Kafka path.", ("raw", "avro", "json"), immutable=True),
     TopicConfigDef("fluvial.value.schema", "", "string", "Avro schema of the values (value format avro)."),
     TopicConfigDef("fluvial.primary.key", "", "string",
-                   "Primary-key columns, comma-separated: the table keeps the latest row per key and a changelog."),
+                   "Primary-key columns, comma-separated: the table keeps the latest row per key and a changelog.", immutable=True),
     TopicConfigDef("fluvial.bucket.key", "", "string",
-                   "Bucket-key columns (a prefix of the primary key; default the whole key), for prefix lookups."),
+                   "Bucket-key columns (a prefix of the primary key; default the whole key), for prefix lookups.", immutable=True),
     TopicConfigDef("fluvial.key.format", "", "string", "Format of the Kafka key of a primary-key table "
-                   "(default: the value format).", ("", "avro", "json")),
+                   "(default: the value format).", ("", "avro", "json"), immutable=True),
     TopicConfigDef("fluvial.merge.engine", "last_row", "string", "How a write merges with the current row of its key.",
-                   ("last_row", "first_row", "versioned")),
-    TopicConfigDef("fluvial.version.column", "", "string", "Version column of merge engine 'versioned'."),
+                   ("last_row", "first_row", "versioned"), immutable=True),
+    TopicConfigDef("fluvial.version.column", "", "string", "Version column of merge engine 'versioned'.", immutable=True),
 ]}
 
 
@@ -98,6 +100,15 @@ def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
             raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: must be one of {list(d.valid)}")
         out[name] = value
     return out
+
+
+def check_alterable(current: dict[str, str], new: dict[str, str]) -> None:
+    """Refuse changing a config that is fixed at creation. Raises InvalidConfigError."""
+    from fluvial.errors import InvalidConfigError
+
+    for name, d in TOPIC_CONFIGS.items():
+        if d.immutable and current.get(name, d.default) != new.get(name, d.default):
+            raise InvalidConfigError(f"{name} is fixed when a table is created and cannot be altered")
 
 
 def new_cluster_id() -> str:

@@ -366,8 +366,6 @@ class PkTableService:
             table.pk_error = str(exc)
             return
         table.pk = pk
-        # The bucket of a row is fixed by its key's hash over the bucket count.
-        table.fixed_buckets_reason = lambda: "rows are placed in buckets by the hash of their key"
         self.tables[table.name] = pk
         view = _changelog_view(table)
         pk.changelog = view
@@ -942,6 +940,12 @@ def deletion_refusal(table: Table) -> str | None:
     return None
 
 
+def _refuse_deletion(table: Table) -> None:
+    reason = deletion_refusal(table)
+    if reason:
+        raise InvalidTableError(reason)
+
+
 def table_deleted(table: Table) -> None:
     """After a table is deleted: close its KV tablets, remove them, its snapshots and its changelog view."""
     svc = _SERVICE.get("service")
@@ -953,16 +957,8 @@ def table_deleted(table: Table) -> None:
 
 @on_start
 async def start_pk_tables(broker) -> None:
-    from fluvial.broker import broker as broker_module
-    if "registry" not in broker.extensions and "fluvial.broker.registry_service" in broker_module.SERVICES:
-        # Imported by a handler before the registry service registered its hook: the value
-        # formats are attached by then, so run again after the remaining start hooks.
-        broker_module._START_HOOKS.append(start_pk_tables)
-        return
-    while broker_module._START_HOOKS.count(start_pk_tables) > 1:
-        # Drop the deferred copy (the last one) so the next broker of this process starts once.
-        del broker_module._START_HOOKS[len(broker_module._START_HOOKS) - 1 -
-                                      broker_module._START_HOOKS[::-1].index(start_pk_tables)]
+    # Runs after the registry service's start hook (broker.SERVICES order): value formats
+    # are attached to the tables by then.
     if "pk_tables" in broker.extensions:
         return
     service = PkTableService(broker)
@@ -970,6 +966,8 @@ async def start_pk_tables(broker) -> None:
     broker.extensions["pk_tables"] = service
     broker.tables.create_hooks.append(service.before_create)
     broker.tables.open_hooks.append(service.attach)
+    broker.tables.delete_hooks.append(_refuse_deletion)
+    broker.tables.deleted_hooks.append(table_deleted)
     for table in list(broker.tables.tables.values()):
         service.attach(table)
     broker._background.append(asyncio.create_task(service.snapshot_loop(), name="kv-snapshots"))

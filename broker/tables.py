@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from fluvial.broker import kafka_batches
-from fluvial.broker.config import TOPIC_CONFIGS, BrokerConfig, validate_topic_configs
+from fluvial.broker.config import TOPIC_CONFIGS, BrokerConfig, check_alterable, validate_topic_configs
 from fluvial.broker.log import BatchMeta, FlushPolicy, LogConfig, LogTablet
 from fluvial.broker.metadata import MetadataStore
 from fluvial.errors import InvalidPartitionsError, InvalidTableError, TableExistsError, UnknownTableError
@@ -122,6 +122,8 @@ class Table:
     def fixed_buckets_reason(self) -> str | None:
         """Why the bucket count must not change, or None. Log tables may grow; tables whose
         rows are placed by hashing their key (primary-key tables) may not."""
+        if self.configs.get("fluvial.primary.key"):
+            return "rows are placed in buckets by the hash of their primary key"
         return None
 
     def bucket(self, index: int) -> Bucket:
@@ -160,6 +162,9 @@ class TableManager:
         # exists; open_hooks(table) run for every table created or opened.
         self.create_hooks: list = []
         self.open_hooks: list = []
+        # delete_hooks(table) may refuse a deletion (raise); deleted_hooks(table) run after it.
+        self.delete_hooks: list = []
+        self.deleted_hooks: list = []
         store.ensure_schema(_DDL)
 
     def open_all(self) -> None:
@@ -237,6 +242,7 @@ class TableManager:
     def alter_configs(self, name: str, overrides: dict[str, str]) -> Table:
         table = self.get(name)
         clean = validate_topic_configs(overrides)
+        check_alterable(table.configs, clean)
         with self.store.transaction() as conn:
             conn.execute("UPDATE tables SET configs = ? WHERE name = ?", (json.dumps(clean), name))
         table.configs = clean
@@ -246,12 +252,16 @@ class TableManager:
 
     def delete(self, name: str) -> Table:
         table = self.get(name)
+        for hook in self.delete_hooks:
+            hook(table)
         with self.store.transaction() as conn:
             conn.execute("DELETE FROM tables WHERE name = ?", (name,))
         del self.tables[name]
         self.by_id.pop(table.topic_id, None)
         for bucket in table.buckets:
             bucket.tablet.delete()
+        for hook in self.deleted_hooks:
+            hook(table)
         log.info("deleted table %s", name)
         return table
 
