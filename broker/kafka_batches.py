@@ -44,11 +44,36 @@ class RawValueFormat:
 RAW = RawValueFormat()
 
 
-def stored_schema(value_format=RAW) -> pa.Schema:
+def _build_stored_schema(value_format) -> pa.Schema:
     return pa.schema([pa.field("_timestamp", TIMESTAMP_TYPE, nullable=False),
                       pa.field("_change", pa.int8(), nullable=False),
                       pa.field("_key", pa.binary()),
                       pa.field("_headers", HEADERS_TYPE)] + list(value_format.user_fields))
+
+
+# Built once: the log tablet recognises a schema it has seen by identity, and building one
+# costs more than decoding a small batch. Typed formats follow their table's schema
+# evolution, so theirs are built each time.
+_RAW_SCHEMA = _build_stored_schema(RAW)
+
+
+def stored_schema(value_format=RAW) -> pa.Schema:
+    return _RAW_SCHEMA if value_format is RAW else _build_stored_schema(value_format)
+
+
+# Offset deltas 0..n-1, to check produced batches against without allocating per batch.
+_DELTAS = np.arange(1 << 16, dtype=np.int32)
+_DELTAS.flags.writeable = False
+
+
+def _deltas_are_dense(offset_delta: np.ndarray, n: int) -> bool:
+    expected = _DELTAS[:n] if n <= len(_DELTAS) else np.arange(n, dtype=np.int32)
+    return offset_delta.shape == (n,) and bool((offset_delta == expected).all())
+
+
+def _int_array(arrow_type: pa.DataType, values: np.ndarray) -> pa.Array:
+    # A contiguous NumPy buffer wrapped as is: pa.array() on it costs several times more.
+    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
 
 
 def to_arrow(batch: memoryview, header: BatchHeader, *, log_append_time_ms: int | None = None,
@@ -61,8 +86,7 @@ def to_arrow(batch: memoryview, header: BatchHeader, *, log_append_time_ms: int 
     if n == 0:
         raise InvalidRecordError("empty record batch")
     # Kafka requires the offset deltas of a produced batch to be 0..n-1.
-    if not np.array_equal(cols.offset_delta, np.arange(n, dtype=cols.offset_delta.dtype)) \
-            or header.last_offset_delta != n - 1:
+    if header.last_offset_delta != n - 1 or not _deltas_are_dense(cols.offset_delta, n):
         raise InvalidRecordError("record offset deltas of a produced batch must be 0..n-1")
     attributes = header.attributes & (ATTR_CODEC_MASK | 0x30)
     if log_append_time_ms is not None:
@@ -70,12 +94,12 @@ def to_arrow(batch: memoryview, header: BatchHeader, *, log_append_time_ms: int 
         base_ts = max_ts = log_append_time_ms
         attributes |= ATTR_LOG_APPEND_TIME
     else:
-        ts = cols.timestamp_delta + header.base_timestamp
+        ts = np.add(cols.timestamp_delta, header.base_timestamp, dtype=np.int64)
         base_ts = header.base_timestamp
         max_ts = header.max_timestamp
     user_columns, schema_id = value_format.to_columns(cols.values)
-    arrays = [pa.array(ts, TIMESTAMP_TYPE), pa.array(np.zeros(n, dtype=np.int8)), cols.keys, cols.headers,
-              *user_columns]
+    arrays = [_int_array(TIMESTAMP_TYPE, ts), _int_array(pa.int8(), np.zeros(n, dtype=np.int8)),
+              cols.keys, cols.headers, *user_columns]
     records = pa.RecordBatch.from_arrays(arrays, schema=stored_schema(value_format))
     meta = BatchMeta(base_offset=-1, last_offset_delta=n - 1, record_count=n, base_timestamp=base_ts,
                      max_timestamp=max_ts, producer_id=header.producer_id, producer_epoch=header.producer_epoch,
