@@ -126,11 +126,17 @@ def table_create(args) -> int:
     try:
         with _connect(args) as client:
             t = client.create_table(args.table, schema, buckets=args.buckets, kafka_format=args.kafka_format,
-                                    configs=configs)
+                                    configs=configs, primary_key=_columns(args.primary_key),
+                                    bucket_key=_columns(args.bucket_key), merge_engine=args.merge_engine,
+                                    version_column=args.version_column)
     except Exception as exc:  # noqa: BLE001
         return _fail(exc)
     print(f"created table {t.name} ({t.info.buckets} bucket(s), Kafka values {t.info.kafka_format})")
     return 0
+
+
+def _columns(text: str | None) -> list[str] | None:
+    return [c.strip() for c in text.split(",") if c.strip()] if text else None
 
 
 def table_drop(args) -> int:
@@ -162,6 +168,10 @@ def register_table(sub) -> None:
     q.add_argument("--kafka-format", choices=["json", "avro"], default=None,
                    help="how Kafka clients see the rows of a table with columns (default json)")
     q.add_argument("--config", action="append", metavar="NAME=VALUE")
+    q.add_argument("--primary-key", metavar="A,B", help="primary-key columns: a table of the latest row per key")
+    q.add_argument("--bucket-key", metavar="A", help="bucket-key columns (a prefix of the primary key)")
+    q.add_argument("--merge-engine", choices=["last_row", "first_row", "versioned"])
+    q.add_argument("--version-column", help="version column of merge engine 'versioned'")
     _url_arg(q)
     q.set_defaults(run=table_create)
     q = ts.add_parser("drop")

@@ -64,3 +64,19 @@ def test_scan_follow_prints_new_rows(broker, topic_name):
     lines = [line.split(" | ") for line in out.splitlines()]
     assert [c.strip() for c in lines[0]] == ["_offset", "n"]
     assert [[c.strip() for c in r] for r in lines[2:]] == [["0", "10"], ["1", "20"], ["2", "30"]]
+
+
+def test_table_create_primary_key_table(broker, topic_name):
+    url = ["--url", broker.flight_url]
+    made = fluvial("table", "create", topic_name, "--column", "id:long!", "--column", "v:long!",
+                   "--column", "name:string", "--primary-key", "id", "--merge-engine", "versioned",
+                   "--version-column", "v", *url)
+    assert made.returncode == 0, made.stderr
+    with fc.connect(broker.flight_url) as client:
+        t = client.table(topic_name)
+        t.upsert(pa.table({"id": [1, 2], "v": [5, 1], "name": ["new", "b"]}))
+        t.upsert(pa.table({"id": [1], "v": [3], "name": ["stale"]}))  # an older version: no change
+        rows = t.lookup(pa.table({"id": [1, 2]}))
+    assert sorted(zip(rows.column("id").to_pylist(), rows.column("name").to_pylist())) == [(1, "new"), (2, "b")]
+    described = fluvial("table", "describe", topic_name, *url)
+    assert "primary" in described.stdout.lower(), described.stdout
