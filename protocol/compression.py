@@ -5,8 +5,9 @@ import struct
 from enum import IntEnum
 
 import cramjam
+import numpy as np
 
-from fluvial.errors import CorruptRecordError, UnsupportedCompressionError
+from fluvial.errors import CorruptRecordError, MessageTooLargeError, UnsupportedCompressionError
 
 
 class Compression(IntEnum):
@@ -27,6 +28,12 @@ XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
 XERIAL_BLOCK_SIZE = 32 * 1024
 
 _BLOCK_LENGTH = struct.Struct(">i")
+
+# The most a compressed records section may expand to. A small batch of zeros can claim
+# gigabytes (a decompression bomb); decompression stops once this much is written.
+MAX_DECOMPRESSED_BYTES = 128 * 1024 * 1024
+# cramjam's message when an output buffer is full before the input is used up.
+_OUTPUT_FULL = "failed to write whole buffer"
 
 Buffer = bytes | bytearray | memoryview
 
@@ -77,13 +84,25 @@ def is_xerial_framed(data: Buffer) -> bool:
     return len(data) >= len(XERIAL_HEADER) and bytes(data[:len(XERIAL_MAGIC)]) == XERIAL_MAGIC
 
 
-def _snappy_decompress(data: Buffer) -> Buffer:
+def _too_large(codec: Compression, max_size: int) -> MessageTooLargeError:
+    return MessageTooLargeError(f"{codec.name.lower()} records decompress to more than {max_size} bytes")
+
+
+def _snappy_block(block: Buffer, max_size: int) -> Buffer:
+    # A raw snappy block states its uncompressed length up front.
+    if cramjam.snappy.decompress_raw_len(block) > max_size:
+        raise _too_large(Compression.SNAPPY, max_size)
+    return cramjam.snappy.decompress_raw(block)
+
+
+def _snappy_decompress(data: Buffer, max_size: int) -> Buffer:
     if not is_xerial_framed(data):
         # librdkafka sends one raw snappy block.
-        return cramjam.snappy.decompress_raw(data)
+        return _snappy_block(data, max_size)
     view = memoryview(data).cast("B")
     pos = len(XERIAL_HEADER)
     blocks = []
+    left = max_size
     while pos < len(view):
         if pos + 4 > len(view):
             raise CorruptRecordError("xerial snappy stream ends inside a block length")
@@ -91,31 +110,64 @@ def _snappy_decompress(data: Buffer) -> Buffer:
         pos += 4
         if length < 0 or pos + length > len(view):
             raise CorruptRecordError("xerial snappy block runs past the end of the stream")
-        blocks.append(cramjam.snappy.decompress_raw(view[pos:pos + length]))
+        try:
+            block = _snappy_block(view[pos:pos + length], left)
+        except MessageTooLargeError:
+            raise _too_large(Compression.SNAPPY, max_size) from None
+        left -= len(block)
+        blocks.append(block)
         pos += length
     if len(blocks) == 1:
         return blocks[0]
     return b"".join(blocks)
 
 
-def decompress_buffer(codec: Compression, data: Buffer) -> Buffer:
-    """Like :func:`decompress` but returns any buffer object, saving a copy on the hot path."""
+def _first_guess(codec: Compression, data: Buffer) -> int:
+    if codec is Compression.GZIP and len(data) >= 18:
+        # The gzip trailer's ISIZE: the uncompressed size mod 2**32 (right for one member).
+        return int.from_bytes(memoryview(data)[-4:], "little") + 1
+    return 4 * len(data)
+
+
+def _bounded(codec: Compression, data: Buffer, max_size: int) -> Buffer:
+    """Decompress into a buffer of bounded size, growing it (x4) while the output does not
+    fit, up to ``max_size`` + 1 bytes: filling that means the section is too large."""
+    decompress_into = {Compression.GZIP: cramjam.gzip.decompress_into, Compression.LZ4: cramjam.lz4.decompress_into,
+                       Compression.ZSTD: cramjam.zstd.decompress_into}[codec]
+    size = min(max_size + 1, max(64 * 1024, _first_guess(codec, data)))
+    while True:
+        out = np.empty(size, np.uint8)  # not zero-filled: only the written part is returned
+        try:
+            n = decompress_into(data, out)
+        except cramjam.DecompressionError as exc:
+            if _OUTPUT_FULL not in str(exc):
+                raise
+            if size > max_size:
+                raise _too_large(codec, max_size) from None
+            size = min(max_size + 1, size * 4)
+            continue
+        if n > max_size:
+            raise _too_large(codec, max_size)
+        return memoryview(out)[:n]
+
+
+def decompress_buffer(codec: Compression, data: Buffer, max_size: int = MAX_DECOMPRESSED_BYTES) -> Buffer:
+    """Like :func:`decompress` but returns any buffer object, saving a copy on the hot path.
+
+    Output beyond ``max_size`` bytes raises MessageTooLargeError before it is held in memory.
+    """
     codec = codec_from_id(codec)
     try:
         if codec is Compression.NONE:
             return data
-        if codec is Compression.GZIP:
-            return cramjam.gzip.decompress(data)
         if codec is Compression.SNAPPY:
-            return _snappy_decompress(data)
-        if codec is Compression.LZ4:
-            return cramjam.lz4.decompress(data)
+            return _snappy_decompress(data, max_size)
         # cramjam streams zstd, so frames written without a content size decode too.
-        return cramjam.zstd.decompress(data)
+        return _bounded(codec, data, max_size)
     except cramjam.DecompressionError as exc:
         raise CorruptRecordError(f"cannot decompress {codec.name.lower()} records: {exc}") from None
 
 
-def decompress(codec: Compression, data: Buffer) -> bytes:
+def decompress(codec: Compression, data: Buffer, max_size: int = MAX_DECOMPRESSED_BYTES) -> bytes:
     """Decompress a records section; snappy input may be xerial-framed or a raw block."""
-    return bytes(decompress_buffer(codec, data))
+    return bytes(decompress_buffer(codec, data, max_size))
