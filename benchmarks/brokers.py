@@ -167,9 +167,21 @@ class RunningBroker:
     workdir: Path
     log_path: Path
     version: str
+    # Fluvial's other listeners by option name, e.g. {"--http-port": 8081, "--flight-port": 8815}.
+    listeners: dict[str, int] = field(default_factory=dict)
     _proc: subprocess.Popen | None = field(default=None, repr=False)
     _log: IO[bytes] | None = field(default=None, repr=False)
     _container: object | None = field(default=None, repr=False)
+
+    @property
+    def http_url(self) -> str:
+        """Fluvial's schema registry."""
+        return f"http://{self.bootstrap.rsplit(':', 1)[0]}:{self.listeners['--http-port']}"
+
+    @property
+    def flight_url(self) -> str:
+        """Fluvial's table API (Arrow Flight), for the native client."""
+        return f"grpc://{self.bootstrap.rsplit(':', 1)[0]}:{self.listeners['--flight-port']}"
 
     def alive(self) -> bool:
         if self._proc is not None:
@@ -360,14 +372,15 @@ def start_fluvial(workdir: Path, spec: SystemSpec, timeout_s: float = 60.0) -> R
         cmd += ["--flush-policy", spec.flush_policy]
     # Several brokers run side by side: every other listener must get its own free port too.
     options = _fluvial_options()
-    for flag in ("--flight-port", "--http-port"):
-        if flag in options:
-            cmd += [flag, str(free_port())]
+    listeners = {flag: free_port() for flag in ("--flight-port", "--http-port") if flag in options}
+    for flag, listener_port in listeners.items():
+        cmd += [flag, str(listener_port)]
     log_path = workdir / "fluvial.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
     broker = RunningBroker(spec=spec, bootstrap=f"127.0.0.1:{port}", pid=proc.pid, workdir=workdir,
-                           log_path=log_path, version=_fluvial_version(), _proc=proc, _log=log)
+                           log_path=log_path, version=_fluvial_version(), listeners=listeners, _proc=proc,
+                           _log=log)
     try:
         wait_until_serving(broker.bootstrap, timeout_s, broker.alive)
     except BaseException:

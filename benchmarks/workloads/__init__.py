@@ -86,8 +86,7 @@ class Workload:
         raise KeyError(name)
 
 
-# Later workloads (produce-avro, consume-avro, projection-scan) are added here.
-_MODULES = ("produce_raw", "consume_raw", "e2e_latency")
+_MODULES = ("produce_raw", "consume_raw", "e2e_latency", "produce_avro", "consume_avro", "projection_scan")
 
 
 def all_workloads() -> dict[str, Workload]:

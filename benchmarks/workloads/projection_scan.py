@@ -1,0 +1,125 @@
+"""projection-scan: 2 of 20 columns through Fluvial's native client vs a full Kafka consume and Avro decode."""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+
+import fastavro
+from confluent_kafka import Consumer, TopicPartition
+
+from benchmarks import clients
+from benchmarks.avro_records import SCHEMA20
+from benchmarks.brokers import RunningBroker
+from benchmarks.workloads import RECORDS_PER_S, Case, Scale, Workload
+from benchmarks.workloads.avro_common import avro_values, create_avro_topic, produce_values
+
+SIZE = 1000
+COLUMNS = ("id", "score")
+
+
+def record_count(scale: Scale) -> int:
+    return scale.pick(full=200_000, quick=5_000)
+
+
+@dataclass(frozen=True)
+class PreparedTable:
+    topic: str
+
+
+def prepare(broker: RunningBroker, scale: Scale) -> PreparedTable:
+    """The ~1 KB produce-avro records, once per system: a typed table on Fluvial, a topic of the same bytes on Kafka."""
+    data = avro_values(SIZE, record_count(scale))
+    topic, values = create_avro_topic(broker, "projection-scan", True, scale, data)
+    produce_values(broker.bootstrap, topic, values, scale.timeout_s)
+    return PreparedTable(topic)
+
+
+def scan_native(broker: RunningBroker, topic: str, expected: int) -> float:
+    """Seconds for the native client to read the two columns of every row (buckets in parallel)."""
+    import fluvial.client as fc
+
+    client = fc.connect(broker.flight_url)
+    try:
+        start = time.perf_counter()
+        result = client.table(topic).scan(columns=list(COLUMNS)).to_arrow()
+        elapsed = time.perf_counter() - start
+    finally:
+        client.close()
+    if result.num_rows != expected or result.column_names != list(COLUMNS):
+        raise clients.CaseFailed(f"scan {topic}: {result.num_rows}/{expected} rows, columns {result.column_names}")
+    return elapsed
+
+
+def consume_and_decode(broker: RunningBroker, topic: str, expected: int, partitions: int, timeout_s: float) -> float:
+    """Seconds for a confluent-kafka consumer to read every record from the start and decode
+    its value (what a Kafka application must do to get at any field): fastavro with the writer
+    schema, as AvroDeserializer does once it has the schema cached."""
+    parsed = fastavro.parse_schema(SCHEMA20)
+    read = fastavro.schemaless_reader
+    consumer = Consumer(clients.confluent_consumer_config(broker.bootstrap, clients.unique_name("bench-scan")))
+    try:
+        consumer.assign([TopicPartition(topic, p, -2) for p in range(partitions)])
+        got = 0
+        checksum = 0.0
+        deadline = time.monotonic() + timeout_s
+        start = time.perf_counter()
+        while got < expected:
+            if time.monotonic() > deadline:
+                raise clients.CaseFailed(f"consume {topic}: {got}/{expected} records after {timeout_s}s")
+            for msg in consumer.consume(num_messages=min(10_000, expected - got), timeout=0.5):
+                if msg.error() is not None:
+                    raise clients.CaseFailed(f"consume {topic}: {msg.error()}")
+                buf = io.BytesIO(msg.value())
+                buf.seek(5)  # magic byte and schema id
+                record = read(buf, parsed, parsed)
+                checksum += record["id"] + record["score"]  # the application uses what it decoded
+                got += 1
+        return time.perf_counter() - start
+    finally:
+        consumer.close()
+
+
+def _case(scale: Scale) -> Case:
+    count = record_count(scale)
+
+    def run(broker: RunningBroker, prepared: object) -> dict[str, float]:
+        assert isinstance(prepared, PreparedTable)
+        if broker.spec.product == "fluvial":
+            seconds = scan_native(broker, prepared.topic, count)
+        else:
+            seconds = consume_and_decode(broker, prepared.topic, count, scale.partitions, scale.timeout_s)
+        return {"records/s": count / seconds}
+
+    return Case(f"2 of 20 columns, {count} records of ~1 KB", run)
+
+
+def cases(scale: Scale) -> list[Case]:
+    return [_case(scale)]
+
+
+def settings(scale: Scale) -> dict[str, object]:
+    return {
+        "records": record_count(scale),
+        "data": "the ~1 KB produce-avro records (SCHEMA20), produced once per system before the rounds: "
+                "a typed table on Fluvial, a topic of the same bytes on Apache Kafka",
+        "fluvial": f"fluvial.client scan(columns={list(COLUMNS)}).to_arrow(), buckets in parallel; "
+                   "timed from the call to the Arrow table",
+        "kafka": "confluent-kafka consumer from offset 0 (partitions assigned), every value decoded with "
+                 "fastavro (the writer schema, as AvroDeserializer), the two fields used; timed from assign "
+                 "to the last record",
+        "partitions": scale.partitions,
+    }
+
+
+WORKLOAD = Workload(
+    name="projection-scan",
+    description="Reading 2 of 20 columns of every row: Fluvial's native client projecting on a typed "
+                "table, against a confluent-kafka consumer reading and Avro-decoding every record of "
+                "the same data on Apache Kafka (what a Kafka application must do to get two fields).",
+    metrics=(RECORDS_PER_S,),
+    cases=cases,
+    prepare=prepare,
+    settings=settings,
+)
