@@ -1,12 +1,16 @@
-"""Recently produced Kafka batches, kept as the bytes that were written, for tailing consumers.
+"""Kafka batches kept as wire bytes: recently produced ones, and typed batches once re-encoded.
 
 A consumer that reads what was just produced gets the producer's own batch (base offset
-already patched) instead of one re-encoded from the Arrow columns. Bounded by bytes,
-least recently inserted out first.
+already patched) instead of one re-encoded from the Arrow columns; a typed table's batch
+that had to be re-encoded for a fetch (Avro or JSON from the stored columns, the costly
+part of a typed fetch) is kept too, so other consumers of the same batch reuse it.
+Bounded by bytes, least recently inserted out first. Fetches fill it from the CPU executor
+while the event loop reads it: changes hold a lock.
 """
 from __future__ import annotations
 
 import struct
+import threading
 from collections import OrderedDict
 
 # lastOffsetDelta of a v2 batch: after baseOffset, length, leader epoch, magic, CRC, attributes.
@@ -19,6 +23,7 @@ class WireCache:
         self.max_bytes = max_bytes
         self._entries: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
         self._bytes = 0
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
@@ -26,14 +31,15 @@ class WireCache:
         if self.max_bytes <= 0 or len(batch) > self.max_bytes // 4:
             return
         key = (table, bucket, base_offset)
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._bytes -= len(old)
-        self._entries[key] = batch
-        self._bytes += len(batch)
-        while self._bytes > self.max_bytes:
-            _, evicted = self._entries.popitem(last=False)
-            self._bytes -= len(evicted)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old)
+            self._entries[key] = batch
+            self._bytes += len(batch)
+            while self._bytes > self.max_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= len(evicted)
 
     def get(self, table: str, bucket: int, base_offset: int) -> bytes | None:
         batch = self._entries.get((table, bucket, base_offset))
@@ -72,5 +78,6 @@ class WireCache:
         return out, size
 
     def drop_table(self, table: str) -> None:
-        for key in [k for k in self._entries if k[0] == table]:
-            self._bytes -= len(self._entries.pop(key))
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == table]:
+                self._bytes -= len(self._entries.pop(key))

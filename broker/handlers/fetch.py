@@ -41,8 +41,13 @@ def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int) -> tu
         if compression == "producer":
             wire = cache.get(bucket.table.name, bucket.index, stored.meta.base_offset)
         if wire is None:
+            value_format = kafka_batches.format_of(stored, bucket.table.value_format)
             wire = kafka_batches.to_wire(stored, compression_type=compression, leader_epoch=bucket.leader_epoch,
-                                         value_format=kafka_batches.format_of(stored, bucket.table.value_format))
+                                         value_format=value_format)
+            if value_format.name == "avro" and compression == "producer":
+                # Re-encoding Avro from columns is the costly part of a fetch, and its bytes never change
+                # (each record's own writer schema): the next reader of this batch reuses them.
+                cache.put(bucket.table.name, bucket.index, stored.meta.base_offset, wire)
         if out and size + len(wire) > max_bytes:
             break
         out.append(wire)
@@ -132,7 +137,8 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
                 cached = ctx.broker.wire_cache.tail(bucket.table.name, bucket.index, p.fetch_offset, end, limit)
             if cached is not None:
                 batches, size = cached
-            elif limit > 256 * 1024:
+            elif limit > 256 * 1024 or bucket.table.value_format is not kafka_batches.RAW:
+                # Large reads and typed tables (values re-encoded from columns) are CPU work.
                 batches, size = await loop.run_in_executor(
                     ctx.broker.cpu_executor, _read_bucket, ctx, bucket, p.fetch_offset, limit)
             else:
