@@ -383,7 +383,7 @@ class FluvialStreamReader(DataSourceStreamReader):
         latest = self._latest()
         if start is None:
             return latest
-        max_rows = getattr(limit, "maxRows", None)
+        max_rows = getattr(limit, "max_rows", None)  # ReadMaxRows; anything else: all available
         return admit(start, latest, max_rows)
 
     def reportLatestOffset(self) -> dict:

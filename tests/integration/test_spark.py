@@ -17,7 +17,7 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'py
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from confluent_kafka.schema_registry import SchemaRegistryClient  # noqa: E402
-from confluent_kafka.schema_registry.avro import AvroSerializer  # noqa: E402
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer  # noqa: E402
 from confluent_kafka.serialization import MessageField, SerializationContext  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
@@ -196,7 +196,8 @@ def test_spark_writes_with_the_kafka_sink_and_kafka_clients_read_it(spark, broke
 def test_spark_writes_with_format_fluvial_and_kafka_and_native_clients_read_it(spark, broker, topic_name, tmp_path):
     client = fc.connect(broker.flight_url)
     client.create_table(topic_name, pa.schema([("id", pa.int64()), ("city", pa.string()),
-                                               ("at", pa.timestamp("ms", tz="UTC"))]), buckets=2)
+                                               ("at", pa.timestamp("ms", tz="UTC"))]), buckets=2,
+                        kafka_format="avro")
     df = spark.range(20_000).select("id", F.element_at(F.array(F.lit("Lyon"), F.lit("Oslo")),
                                                        (F.col("id") % 2 + 1).cast("int")).alias("city"),
                                     F.timestamp_millis(F.col("id") * 1000).alias("at"))
@@ -205,15 +206,18 @@ def test_spark_writes_with_format_fluvial_and_kafka_and_native_clients_read_it(s
     assert got.column("id").to_pylist() == list(range(20_000))
     assert got.column("city").to_pylist()[:3] == ["Lyon", "Oslo", "Lyon"]
     assert got.column("at")[3].as_py() == dt.datetime(1970, 1, 1, 0, 0, 3, tzinfo=dt.timezone.utc)
-    # Kafka consumers see the rows as the table's JSON values.
+    # Kafka consumers see the rows as Avro values under the registry's schema.
+    de = AvroDeserializer(SchemaRegistryClient({"url": broker.http_url}))
+    ctx = SerializationContext(topic_name, MessageField.VALUE)
     c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "fluvial-sink", "enable.auto.commit": False})
     c.assign([TopicPartition(topic_name, p, 0) for p in range(2)])
     values = []
     deadline = time.monotonic() + 60
     while len(values) < 20_000 and time.monotonic() < deadline:
-        values += [json.loads(m.value()) for m in c.consume(2000, timeout=1) if m.error() is None]
+        values += [de(m.value(), ctx) for m in c.consume(2000, timeout=1) if m.error() is None]
     c.close()
     assert sorted(v["id"] for v in values) == list(range(20_000))
+    assert {v["id"]: v["at"] for v in values}[3] == dt.datetime(1970, 1, 1, 0, 0, 3, tzinfo=dt.timezone.utc)
     # Streaming writes too.
     stream = (spark.readStream.format("rate").option("rowsPerSecond", 1000).load()
               .select(F.col("value").alias("id"), F.lit("Rome").alias("city"), F.col("timestamp").alias("at")))
