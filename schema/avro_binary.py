@@ -439,23 +439,56 @@ def _decode_decimal(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
 _VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 
 
-def encode_varints(v: np.ndarray) -> pa.Array:
-    """Zigzag varints of int64 values, one binary value per element."""
+@dataclass(frozen=True)
+class _Cells:
+    """Short encodings of one value per row held as a byte matrix: row r's bytes are
+    `data[r, :lengths[r]]` (all of `data[r]` when `lengths` is None). Neighbouring cells of
+    a record are joined row-wise by one masked copy instead of one Arrow join per field."""
+
+    data: np.ndarray  # (n, width) uint8
+    lengths: np.ndarray | None = None
+
+    def keep(self) -> np.ndarray:
+        width = self.data.shape[1]
+        if self.lengths is None:
+            return np.ones(self.data.shape, bool)
+        return _K10[None, :width] < self.lengths[:, None] if width <= 10 else \
+            np.arange(width)[None, :] < self.lengths[:, None]
+
+    def without(self, rows: np.ndarray) -> "_Cells":
+        """The same cells with no bytes in the rows where `rows` is True."""
+        lengths = np.full(len(self.data), self.data.shape[1], np.int64) if self.lengths is None else self.lengths
+        return _Cells(self.data, np.where(rows, 0, lengths))
+
+
+def _varint_cells(v: np.ndarray) -> _Cells:
+    """Zigzag varints of int64 values."""
     v = v.astype(np.int64, copy=False)
     zz = ((v << 1) ^ (v >> 63)).view(np.uint64)
-    n = zz.size
-    if n == 0 or zz.max() < 128:
-        return binary_from_buffers(np.arange(n + 1, dtype=np.int32), zz.astype(np.uint8))
-    ln = np.searchsorted(_VARINT_LIMITS, zz, side="right").astype(np.int32) + 1
+    if zz.size == 0 or zz.max() < 128:
+        return _Cells(zz.astype(np.uint8).reshape(-1, 1))
+    ln = np.searchsorted(_VARINT_LIMITS, zz, side="right").astype(np.int64) + 1
     width = int(ln.max())
-    # One row of `width` candidate bytes per value; keep the first `ln` of each.
-    groups = (zz[:, None] >> _SHIFT10[None, :width]) & np.uint64(0x7F)
-    cols = _K10[None, :width]
-    m = (groups | np.where(cols < (ln[:, None] - 1), np.uint64(0x80), np.uint64(0))).astype(np.uint8)
-    body = m[cols < ln[:, None]]
+    # One row of `width` candidate bytes per value; the first `ln` of each are kept.
+    m = ((zz[:, None] >> _SHIFT10[None, :width]) & np.uint64(0x7F)).astype(np.uint8)
+    m |= (_K10[None, :width] < (ln[:, None] - 1)).view(np.uint8) << np.uint8(7)
+    return _Cells(m, ln)
+
+
+def _cells_to_binary(cells: list[_Cells]) -> pa.Array:
+    data = cells[0].data if len(cells) == 1 else np.hstack([c.data for c in cells])
+    n, width = data.shape
+    if all(c.lengths is None for c in cells):
+        return binary_from_buffers(np.arange(0, (n + 1) * width, width, dtype=np.int32), np.ascontiguousarray(data))
+    keep = cells[0].keep() if len(cells) == 1 else np.hstack([c.keep() for c in cells])
     offsets = np.zeros(n + 1, np.int32)
-    np.cumsum(ln, out=offsets[1:])
-    return binary_from_buffers(offsets, body)
+    np.cumsum(keep.sum(axis=1), out=offsets[1:])
+    return binary_from_buffers(offsets, data[keep])
+
+
+def encode_varints(v: np.ndarray) -> pa.Array:
+    """Zigzag varints of int64 values, one binary value per element."""
+    return _cells_to_binary([_varint_cells(v)])
 
 
 def _fixed_width(arr: pa.Array, dtype: str) -> np.ndarray:
@@ -471,12 +504,24 @@ def _fixed_bytes(values: np.ndarray, width: int) -> pa.Array:
     return binary_from_buffers(np.arange(0, (n + 1) * width, width, dtype=np.int32), raw)
 
 
-def _join_rows(parts: list[pa.Array], n: int) -> pa.Array:
-    if not parts:
+def _join_rows(parts: list[pa.Array | _Cells], n: int) -> pa.Array:
+    arrays: list[pa.Array] = []
+    run: list[_Cells] = []
+    for part in parts:
+        if isinstance(part, _Cells):
+            run.append(part)
+            continue
+        if run:
+            arrays.append(_cells_to_binary(run))
+            run = []
+        arrays.append(part)
+    if run:
+        arrays.append(_cells_to_binary(run))
+    if not arrays:
         return pa.array([b""] * n, pa.binary())
-    if len(parts) == 1:
-        return parts[0]
-    return pc.binary_join_element_wise(*parts, _EMPTY)
+    if len(arrays) == 1:
+        return arrays[0]
+    return pc.binary_join_element_wise(*arrays, _EMPTY)
 
 
 def encode_avro(node: AvroNode, arr: pa.Array) -> pa.Array:
@@ -490,7 +535,7 @@ def encode_avro(node: AvroNode, arr: pa.Array) -> pa.Array:
     return _join_rows(_encode_parts(node, arr), len(arr))
 
 
-def _encode_parts(node: AvroNode, arr: pa.Array) -> list[pa.Array]:
+def _encode_parts(node: AvroNode, arr: pa.Array) -> list[pa.Array | _Cells]:
     """The encoding as binary columns to be joined row-wise: records and strings give
     several, so that a whole record is joined in one call."""
     n = len(arr)
@@ -501,14 +546,16 @@ def _encode_parts(node: AvroNode, arr: pa.Array) -> list[pa.Array]:
             return _encode_parts(node.branches[0], arr) if len(node.branches) == 1 else _unsupported(node)
         nb = node.null_branch
         if not arr.null_count:
-            return [binary_from_buffers(np.arange(n + 1, dtype=np.int32), np.full(n, (1 - nb) * 2, np.uint8)),
-                    *_encode_parts(inner, arr)]
+            return [_Cells(np.full((n, 1), (1 - nb) * 2, np.uint8)), *_encode_parts(inner, arr)]
         is_null = arr.is_null().to_numpy(zero_copy_only=False)
         branch = np.where(is_null, nb, 1 - nb).astype(np.uint8) * 2  # zigzag of 0 and 1
-        head = binary_from_buffers(np.arange(n + 1, dtype=np.int32), branch)
+        head = _Cells(branch.reshape(n, 1))
         if is_null.all():
             return [head]
-        body = _join_rows(_encode_parts(inner, arr), n)
+        inner_parts = _encode_parts(inner, arr)
+        if all(isinstance(p, _Cells) for p in inner_parts):
+            return [head, *(p.without(is_null) for p in inner_parts)]
+        body = _join_rows(inner_parts, n)
         return [head, pc.if_else(pa.array(is_null), _EMPTY, body)]
     if lg == "decimal":
         return [_encode_decimal(node, arr)]
@@ -516,41 +563,41 @@ def _encode_parts(node: AvroNode, arr: pa.Array) -> list[pa.Array]:
         return []
     if k == "boolean":
         b = arr.cast(pa.bool_()).fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint8)
-        return [binary_from_buffers(np.arange(n + 1, dtype=np.int32), b)]
+        return [_Cells(b.reshape(n, 1))]
     if k in ("int", "long"):
-        return [encode_varints(_as_int64(arr))]
+        return [_varint_cells(_as_int64(arr))]
     if k in ("float", "double"):
         dt = "<f4" if k == "float" else "<f8"
         if pa.types.is_floating(arr.type) and arr.type.bit_width == np.dtype(dt).itemsize * 8:
             vals = _fixed_width(arr, dt)
         else:
             vals = arr.cast(pa.float64()).fill_null(0).to_numpy(zero_copy_only=False).astype(dt)
-        return [_fixed_bytes(vals, np.dtype(dt).itemsize)]
+        return [_Cells(np.ascontiguousarray(vals).view(np.uint8).reshape(n, np.dtype(dt).itemsize))]
     if k in ("bytes", "string"):
         b = arr if pa.types.is_binary(arr.type) else arr.cast(pa.binary())
         if b.null_count:
             b = b.fill_null(b"")
         offsets = np.frombuffer(b.buffers()[1], np.int32, n + 1, b.offset * 4)
-        return [encode_varints(np.diff(offsets)), b]
+        return [_varint_cells(np.diff(offsets)), b]
     if k == "fixed":
         return [arr.fill_null(b"\0" * node.size).cast(pa.binary())]
     if k == "enum":
         idx = pc.index_in(arr, value_set=pa.array(node.symbols, pa.string()))
         if idx.null_count > arr.null_count:
             raise ValueError(f"enum {node.name}: column holds a value that is not one of its symbols")
-        return [encode_varints(idx.fill_null(0).to_numpy(zero_copy_only=False))]
+        return [_varint_cells(idx.fill_null(0).to_numpy(zero_copy_only=False))]
     if k == "record":
         if not pa.types.is_struct(arr.type):
             raise TypeError(f"record {node.name}: column is {arr.type}, not a struct")
         names = {arr.type.field(i).name: i for i in range(arr.type.num_fields)}
-        parts: list[pa.Array] = []
+        parts: list[pa.Array | _Cells] = []
         for f in node.fields:
             if f.name not in names:
                 raise KeyError(f"record {node.name}: no column for writer field {f.name!r}")
             parts += _encode_parts(f.type, _struct_child(arr, names[f.name]))
         return parts
     if k in ("array", "map"):
-        return [_encode_repeated(node, arr)]
+        return _encode_repeated(node, arr)
     return _unsupported(node)
 
 
@@ -575,7 +622,8 @@ def _struct_child(arr: pa.StructArray, i: int) -> pa.Array:
     return child
 
 
-def _encode_repeated(node: AvroNode, arr: pa.Array) -> pa.Array:
+def _encode_repeated(node: AvroNode, arr: pa.Array) -> list[pa.Array | _Cells]:
+    """Item count, the items, and the closing zero-count block (absent when empty)."""
     n = len(arr)
     off = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
     counts = np.diff(off)
@@ -587,19 +635,16 @@ def _encode_repeated(node: AvroNode, arr: pa.Array) -> pa.Array:
     else:
         keys = arr.keys.slice(base, total)
         vals = arr.items.slice(base, total)
-        items = pc.binary_join_element_wise(encode_avro(AvroNode(kind="string"), keys),
-                                            encode_avro(node.values, vals), _EMPTY)
+        items = _join_rows([*_encode_parts(AvroNode(kind="string"), keys), *_encode_parts(node.values, vals)],
+                           total)
     rel = (off - base).astype(np.int32)
     if arr.null_count:
         rel = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
         keep = np.repeat(~arr.is_null().to_numpy(zero_copy_only=False), np.diff(off))
         items = items.filter(pa.array(keep))
     joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(rel), items), _EMPTY)
-    tail = binary_from_buffers(np.arange(n + 1, dtype=np.int32), np.zeros(n, np.uint8))
-    has = counts > 0
-    if not has.all():
-        tail = pc.if_else(pa.array(has), tail, _EMPTY)
-    return pc.binary_join_element_wise(encode_varints(counts), joined, tail, _EMPTY)
+    tail = _Cells(np.zeros((n, 1), np.uint8), (counts > 0).astype(np.int64))
+    return [_varint_cells(counts), joined, tail]
 
 
 def _encode_decimal(node: AvroNode, arr: pa.Array) -> pa.Array:
