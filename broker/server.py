@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Awaitable
 
 from fluvial.broker.handlers import HANDLERS, Deferred, RequestContext, supported_versions
 from fluvial.errors import FluvialError
+from fluvial.protocol.fetch_response import EncodedResponse
 from fluvial.protocol.messages import (ApiKey, RequestHeader, decode_request_body, decode_request_header,
                                        encode_api_versions_unsupported, encode_response)
 
@@ -87,7 +88,7 @@ class KafkaServer:
             if reply is not None:
                 await outbox.put(reply)
 
-    async def _dispatch(self, frame: memoryview, peer: str) -> bytes | Awaitable[bytes | None] | None:
+    async def _dispatch(self, frame: memoryview, peer: str) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
         try:
             header = decode_request_header(frame)
         except FluvialError as exc:
@@ -117,6 +118,9 @@ class KafkaServer:
             return None
         if isinstance(result, Deferred):
             return asyncio.ensure_future(self._complete(header, result.awaitable))
+        if isinstance(result, EncodedResponse):
+            # Framed by the handler (Fetch): written as chunks, the record batches uncopied.
+            return result.chunks
         return encode_response(header, result)
 
     async def _complete(self, header: RequestHeader, awaitable: Awaitable[Any]) -> bytes | None:
@@ -128,6 +132,11 @@ class KafkaServer:
             item = await outbox.get()
             if item is None:
                 return
+            if isinstance(item, list):
+                writer.writelines(item)
+                if outbox.empty() or writer.transport.get_write_buffer_size() > (4 << 20):
+                    await writer.drain()
+                continue
             if not isinstance(item, (bytes, bytearray)):
                 try:
                     item = await item

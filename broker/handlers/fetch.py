@@ -13,11 +13,8 @@ from fluvial.broker import kafka_batches, pk_tables
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.errors import FluvialError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
-from fluvial.protocol.messages import ApiKey, response_class
-
-R = response_class(ApiKey.FETCH)
-TopicResponse = R.FetchableTopicResponse
-PartitionData = TopicResponse.PartitionData
+from fluvial.protocol.fetch_response import FetchedPartition, encode_fetch_response
+from fluvial.protocol.messages import ApiKey
 
 
 def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int) -> tuple[list[bytes], int]:
@@ -55,19 +52,17 @@ def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int) -> tu
     return out, size
 
 
-def _partition_result(index: int, code: int, bucket=None, records: bytes | None = None) -> object:
+def _partition_result(index: int, code: int, bucket=None, records: list[bytes] | None = None) -> FetchedPartition:
     hw = bucket.tablet.high_watermark if bucket is not None else -1
     start = bucket.tablet.log_start_offset if bucket is not None else -1
-    return PartitionData(partition_index=index, error_code=code, high_watermark=hw, last_stable_offset=hw,
-                         log_start_offset=start, aborted_transactions=None, preferred_read_replica=-1,
-                         records=records if records is not None else b"")
+    return FetchedPartition(index, code, hw, hw, start, records if records is not None else [])
 
 
 @handles(ApiKey.FETCH, 4, 17)
 async def fetch(ctx: RequestContext, request):
     if ctx.version >= 7 and request.session_id != 0:
-        return ctx.response(throttle_time_ms=0, error_code=ErrorCode.FETCH_SESSION_ID_NOT_FOUND, session_id=0,
-                            responses=[])
+        return encode_fetch_response(ctx.header, throttle_time_ms=0, error_code=ErrorCode.FETCH_SESSION_ID_NOT_FOUND,
+                                     session_id=0, topics=[])
     tables = ctx.broker.tables
     by_id = ctx.version >= 13
     # Resolve topics and buckets once; errors are answered without waiting.
@@ -107,9 +102,8 @@ async def fetch(ctx: RequestContext, request):
     grouped: dict = {}
     for key, result in results:
         grouped.setdefault(key, []).append(result)
-    topics = [TopicResponse(topic=None if by_id else key, topic_id=key if by_id else None, partitions=parts)
-              for key, parts in grouped.items()]
-    return ctx.response(throttle_time_ms=0, error_code=0, session_id=0, responses=topics)
+    return encode_fetch_response(ctx.header, throttle_time_ms=0, error_code=0, session_id=0,
+                                 topics=list(grouped.items()))
 
 
 async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, int]:
@@ -147,5 +141,5 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
             results.append((key, _partition_result(p.partition, exc.code, bucket)))
             continue
         total += size
-        results.append((key, _partition_result(p.partition, 0, bucket, b"".join(batches))))
+        results.append((key, _partition_result(p.partition, 0, bucket, batches)))
     return results, total
