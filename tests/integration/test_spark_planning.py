@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import random
 
 import pyarrow as pa
@@ -16,6 +17,7 @@ from pyspark.sql.datasource import (  # noqa: E402
 )
 
 from fluvial.schema.arrow_mapping import avro_to_arrow  # noqa: E402
+from fluvial.spark import KafkaJarsError, kafka_jars  # noqa: E402
 from fluvial.spark.filters import to_fluvial  # noqa: E402
 from fluvial.spark.source import BucketRange, FluvialSparkError, Options, admit, split_ranges  # noqa: E402
 from fluvial.spark.types import arrow_schema, conform, spark_schema  # noqa: E402
@@ -118,3 +120,12 @@ def test_options_are_checked_with_clear_messages():
                          ({"table": "t", "maxRecordsPerTrigger": "0"}, "must be a positive number")]:
         with pytest.raises(FluvialSparkError, match=message):
             Options.parse(bad)
+
+
+def test_kafka_jars_without_cache_or_maven_fail_saying_what_to_do(tmp_path, monkeypatch):
+    cache = importlib.import_module("fluvial.spark.kafka_jars")
+    monkeypatch.setenv("FLUVIAL_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no mvn
+    assert cache.cache_dir("4.2.0") == tmp_path / "empty-cache" / "spark-kafka-4.2.0"
+    with pytest.raises(KafkaJarsError, match=r"not cached in .*empty-cache.* Maven \(mvn\) is not on PATH"):
+        kafka_jars("4.2.0")
