@@ -27,7 +27,7 @@ class WireCache:
         self.hits = 0
         self.misses = 0
 
-    def put(self, table: str, bucket: int, base_offset: int, batch: bytes) -> None:
+    def put(self, table: str, bucket: int, base_offset: int, batch: bytes | bytearray) -> None:
         if self.max_bytes <= 0 or len(batch) > self.max_bytes // 4:
             return
         key = (table, bucket, base_offset)

@@ -143,7 +143,8 @@ async def produce(ctx: RequestContext, request):
             continue
         if p.topic not in lat and not pk:
             set_base_offset(p.wire, written.base_offset, bucket.leader_epoch)
-            broker.wire_cache.put(p.topic, p.index, written.base_offset, bytes(p.wire))
+            # The batch is not changed after this: cached as is, without a copy.
+            broker.wire_cache.put(p.topic, p.index, written.base_offset, p.wire)
         p.response = PartitionResponse(index=p.index, error_code=0, base_offset=written.base_offset,
                                        log_append_time_ms=lat.get(p.topic, -1),
                                        log_start_offset=bucket.tablet.log_start_offset)
