@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 
 from fluvial.broker import kafka_batches, pk_tables
+from fluvial.broker.read_ahead import ReadAhead, next_offset
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.errors import FluvialError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
@@ -41,7 +43,8 @@ def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int) -> tu
             value_format = kafka_batches.format_of(stored, bucket.table.value_format)
             wire = kafka_batches.to_wire(stored, compression_type=compression, leader_epoch=bucket.leader_epoch,
                                          value_format=value_format)
-            if value_format.name == "avro" and compression == "producer":
+            if value_format.name == "avro" and compression == "producer" and \
+                    ctx.broker.tables.tables.get(bucket.table.name) is bucket.table:
                 # Re-encoding Avro from columns is the costly part of a fetch, and its bytes never change
                 # (each record's own writer schema): the next reader of this batch reuses them.
                 cache.put(bucket.table.name, bucket.index, stored.meta.base_offset, wire)
@@ -106,6 +109,22 @@ async def fetch(ctx: RequestContext, request):
                                  topics=list(grouped.items()))
 
 
+_READ_AHEAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # wire cache -> ReadAhead
+
+
+def _avro_read_ahead(ctx: RequestContext, bucket) -> ReadAhead | None:
+    """The broker's read-ahead when this bucket's fetches re-encode Avro into the wire cache."""
+    table = bucket.table
+    if getattr(table.value_format, "name", "raw") != "avro" or table.config("compression.type") != "producer" \
+            or pk_tables.kafka_view(table) is not None:
+        return None
+    cache = ctx.broker.wire_cache
+    ahead = _READ_AHEAD.get(cache)
+    if ahead is None:
+        ahead = _READ_AHEAD[cache] = ReadAhead()
+    return ahead
+
+
 async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, int]:
     results = []
     total = 0
@@ -120,6 +139,9 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
             results.append((key, _partition_result(p.partition, 0, bucket)))
             continue
         try:
+            ahead = _avro_read_ahead(ctx, bucket)
+            if ahead is not None:
+                await ahead.settled(bucket.table.name, bucket.index)
             tablet = bucket.tablet
             end = tablet.log_end_offset
             cached = None
@@ -137,6 +159,9 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
                     ctx.broker.cpu_executor, _read_bucket, ctx, bucket, p.fetch_offset, limit)
             else:
                 batches, size = _read_bucket(ctx, bucket, p.fetch_offset, limit)
+            if ahead is not None and batches and (after := next_offset(batches[-1])) < end:
+                ahead.start(bucket.table.name, bucket.index, lambda b=bucket, o=after, n=limit: loop.run_in_executor(
+                    ctx.broker.cpu_executor, _read_bucket, ctx, b, o, n))
         except FluvialError as exc:
             results.append((key, _partition_result(p.partition, exc.code, bucket)))
             continue
