@@ -255,26 +255,28 @@ class _Scan:
 
     def read(self, part: BucketRange) -> Iterator[pa.RecordBatch]:
         target = arrow_schema(StructType.fromJson(json.loads(self.schema_json)))
+        # `_offset` is always read: it says where to resume when the broker goes away mid-range
+        # (conform() leaves it out again when the query did not ask for it).
+        columns = list(self.columns) + ([] if "_offset" in self.columns else ["_offset"])
         offset, rows_sent = part.start, 0
-        deadline = time.monotonic() + self.retry_ms / 1000
+        outage_ends: float | None = None
         stats = fc.ScanStats()
         while offset < part.end:
             try:
                 with fc.connect(self.url) as client:
                     table = fc.Table(client, client.describe(self.table))
-                    scan = table.scan(columns=list(self.columns), filter=[list(f) for f in self.filters] or None,
+                    scan = table.scan(columns=columns, filter=[list(f) for f in self.filters] or None,
                                       start=offset, end=part.end, buckets=[part.bucket])
                     for batch in scan.to_batches():
+                        outage_ends = None
                         rows_sent += batch.num_rows
-                        if not self.filters:
-                            offset += batch.num_rows
+                        offset = batch.column("_offset")[-1].as_py() + 1
                         yield conform(batch, target)
                     stats.add(scan.stats)
                     offset = part.end
             except fc.BrokerUnavailableError:
-                # Without filters every offset of the range is one row sent, so the scan
-                # resumes where it stopped; with filters it cannot tell, and fails.
-                if self.filters or time.monotonic() > deadline:
+                outage_ends = outage_ends or time.monotonic() + self.retry_ms / 1000
+                if time.monotonic() > outage_ends:
                     raise FluvialSparkError(f"Fluvial broker at {self.url} went away while bucket {part.bucket} "
                                             f"of {self.table!r} was read at offset {offset}") from None
                 time.sleep(0.5)

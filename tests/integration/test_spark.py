@@ -128,10 +128,11 @@ def test_kafka_source_and_native_source_give_the_same_rows_at_the_same_offsets(s
                   .withColumnRenamed("_bucket", "bucket").withColumnRenamed("_offset", "offset")
                   .drop("_timestamp", "_change"))
     assert via_native.columns[:20] == [f["name"] for f in SCHEMA20["fields"]]
-    assert via_native.count() == RECORDS == via_kafka.count()
     columns = ["bucket", "offset", *[f["name"] for f in SCHEMA20["fields"]]]
     # The same multiset of rows: count and order-free sums of two row hashes, one pass each.
-    assert fingerprint(via_kafka.select(columns)) == fingerprint(via_native.select(columns))
+    kafka_print = fingerprint(via_kafka.select(columns))
+    assert kafka_print[0] == RECORDS
+    assert fingerprint(via_native.select(columns)) == kafka_print
     # ...and both are what was produced: record i at offset i // 2 of partition i % 2.
     sample = [0, 1, 2, 777, 54_321, RECORDS - 1]
     rows = {(r["bucket"], r["offset"]): r for r in via_native.where(
