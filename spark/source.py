@@ -67,6 +67,7 @@ class Options:
     scan_stats_dir: str | None
     create_table: bool
     push_filters: bool
+    primary_key: tuple[str, ...] | None
     buckets: int
     kafka_format: str | None
 
@@ -95,6 +96,8 @@ class Options:
             scan_stats_dir=opts.get("scanstatsdir"),
             create_table=_flag(opts.get("createtable", "false")),
             push_filters=_flag(opts["pushfilters"]) if "pushfilters" in opts else default_push_filters(),
+            primary_key=tuple(c.strip() for c in opts["primarykey"].split(",") if c.strip())
+            if opts.get("primarykey") else None,
             buckets=_positive(opts, "buckets", 1),
             kafka_format=opts.get("kafkaformat"),
         )
@@ -446,10 +449,17 @@ class _Appender:
             with fc.connect(self.opts.url) as client:
                 table = fc.Table(client, client.describe(self.opts.table))
 
+                keyed = table.info.kind == "primary_key"
+
                 def flush() -> None:
                     nonlocal pending, size, appends
                     if pending:
-                        table.append(pending)
+                        if keyed:  # primary-key tables: insert or update by key
+                            rows = pa.Table.from_batches(pending)
+                            partial = [n for n in table.schema.names if n not in rows.column_names]
+                            table.upsert(rows, columns=rows.column_names if partial else None)
+                        else:
+                            table.append(pending)
                         appends += 1
                         pending, size = [], 0
 
@@ -470,7 +480,8 @@ class _Appender:
 
 
 class FluvialWriter(DataSourceArrowWriter):
-    """`df.write.format("fluvial").mode("append")`: each task appends its rows through Flight.
+    """`df.write.format("fluvial").mode("append")`: each task appends its rows through Flight
+    (into a primary-key table: upserts them, a partial update when columns are left out).
     The rows of a finished task are stored whether or not the job as a whole succeeds
     (a log table has no transactions), so a retried task may append its rows twice."""
 
@@ -550,7 +561,7 @@ class FluvialDataSource(DataSource):
                             f"Fluvial table {opts.table!r} does not exist at {opts.url}; create it first, or "
                             f"write with option('createTable', 'true') (and 'buckets', 'kafkaFormat')") from None
                     client.create_table(opts.table, _table_schema_of(schema), buckets=opts.buckets,
-                                        kafka_format=opts.kafka_format)
+                                        kafka_format=opts.kafka_format, primary_key=opts.primary_key)
                     return opts
         except fc.FluvialError as exc:
             raise _translate(exc, opts) from None
@@ -582,5 +593,7 @@ def _check_writable(schema: StructType, info: fc.TableInfo, opts: Options) -> No
     unknown = [n for n in names if n not in users and n not in WRITABLE_SYSTEM_COLUMNS]
     if missing or unknown:
         parts = ([f"missing columns {missing}"] if missing else []) + ([f"unknown columns {unknown}"] if unknown else [])
+        if not unknown and info.kind == "primary_key" and all(k in names for k in info.primary_key or []):
+            return  # a partial update: the key and some columns; the others keep their values
         raise FluvialSparkError(f"the DataFrame does not fit Fluvial table {opts.table!r} ({', '.join(parts)}); "
                                 f"its columns are {users}")

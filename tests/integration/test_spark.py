@@ -251,6 +251,20 @@ def test_spark_writes_with_format_fluvial_and_kafka_and_native_clients_read_it(s
     assert sorted(rome.column("id").to_pylist())[:1000] == list(range(1000))
 
 
+def test_writes_into_a_primary_key_table_upsert_by_key(spark, broker, topic_name):
+    df = spark.range(1000).selectExpr("id", "id * 10 AS balance", "concat('owner ', id) AS owner")
+    (df.write.format("fluvial").option("url", broker.flight_url).option("table", topic_name)
+     .option("createTable", "true").option("primaryKey", "id").option("buckets", "2").mode("append").save())
+    # Again with new balances for half of the keys, leaving the owners as they are.
+    (spark.range(0, 1000, 2).selectExpr("id", "-1 AS balance").write.format("fluvial")
+     .option("url", broker.flight_url).option("table", topic_name).mode("append").save())
+    table = fc.connect(broker.flight_url).table(topic_name)
+    assert table.info.kind == "primary_key"
+    rows = table.lookup(pa.table({"id": [0, 1, 998, 999]})).sort_by("id").to_pydict()
+    assert rows == {"id": [0, 1, 998, 999], "balance": [-1, 10, -1, 9990],
+                    "owner": ["owner 0", "owner 1", "owner 998", "owner 999"]}
+
+
 # -- filters ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
