@@ -498,12 +498,6 @@ def _fixed_width(arr: pa.Array, dtype: str) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=len(arr), offset=arr.offset * width)
 
 
-def _fixed_bytes(values: np.ndarray, width: int) -> pa.Array:
-    raw = np.ascontiguousarray(values).view(np.uint8)
-    n = raw.size // width
-    return binary_from_buffers(np.arange(0, (n + 1) * width, width, dtype=np.int32), raw)
-
-
 def _join_rows(parts: list[pa.Array | _Cells], n: int) -> pa.Array:
     arrays: list[pa.Array] = []
     run: list[_Cells] = []
@@ -558,7 +552,7 @@ def _encode_parts(node: AvroNode, arr: pa.Array) -> list[pa.Array | _Cells]:
         body = _join_rows(inner_parts, n)
         return [head, pc.if_else(pa.array(is_null), _EMPTY, body)]
     if lg == "decimal":
-        return [_encode_decimal(node, arr)]
+        return _encode_decimal(node, arr)
     if k == "null":
         return []
     if k == "boolean":
@@ -647,7 +641,7 @@ def _encode_repeated(node: AvroNode, arr: pa.Array) -> list[pa.Array | _Cells]:
     return [_varint_cells(counts), joined, tail]
 
 
-def _encode_decimal(node: AvroNode, arr: pa.Array) -> pa.Array:
+def _encode_decimal(node: AvroNode, arr: pa.Array) -> list[pa.Array | _Cells]:
     width = 16 if node.precision <= 38 else 32
     typ = pa.decimal128(node.precision, node.scale) if width == 16 else pa.decimal256(node.precision, node.scale)
     if arr.type != typ:
@@ -657,7 +651,7 @@ def _encode_decimal(node: AvroNode, arr: pa.Array) -> pa.Array:
     be = raw[:, ::-1]
     if node.kind == "fixed":
         size = node.size
-        return binary_from_buffers(np.arange(0, (n + 1) * size, size, dtype=np.int32), np.ascontiguousarray(be[:, width - size:]))
+        return [_Cells(np.ascontiguousarray(be[:, width - size:]))]
     # Minimal two's complement: drop leading sign bytes while the next byte keeps the sign bit.
     sign = np.where(be[:, 0] >= 0x80, np.uint8(0xFF), np.uint8(0))
     lead = be == sign[:, None]
@@ -670,4 +664,4 @@ def _encode_decimal(node: AvroNode, arr: pa.Array) -> pa.Array:
     body = be[np.arange(width)[None, :] >= start[:, None]]
     offsets = np.zeros(n + 1, np.int32)
     np.cumsum(ln, out=offsets[1:])
-    return pc.binary_join_element_wise(encode_varints(ln), binary_from_buffers(offsets, np.ascontiguousarray(body)), _EMPTY)
+    return [_varint_cells(ln), binary_from_buffers(offsets, np.ascontiguousarray(body))]
