@@ -592,7 +592,8 @@ def _check_writable(schema: StructType, info: fc.TableInfo, opts: Options) -> No
     missing = [n for n in users if n not in names]
     unknown = [n for n in names if n not in users and n not in WRITABLE_SYSTEM_COLUMNS]
     if missing or unknown:
-        parts = ([f"missing columns {missing}"] if missing else []) + ([f"unknown columns {unknown}"] if unknown else [])
+        parts = [f"missing columns {missing}"] if missing else []
+        parts += [f"unknown columns {unknown}"] if unknown else []
         if not unknown and info.kind == "primary_key" and all(k in names for k in info.primary_key or []):
             return  # a partial update: the key and some columns; the others keep their values
         raise FluvialSparkError(f"the DataFrame does not fit Fluvial table {opts.table!r} ({', '.join(parts)}); "

@@ -7,7 +7,6 @@ import random
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
