@@ -49,7 +49,7 @@ async def describe_topic_partitions(ctx: RequestContext, request):
                 break
             parts.append(PartitionEntry(error_code=0, partition_index=b.index, leader_id=node,
                                         leader_epoch=b.leader_epoch, replica_nodes=[node], isr_nodes=[node],
-                                        eligible_leader_replicas=None, last_known_elr=None, offline_replicas=[]))
+                                        eligible_leader_replicas=[], last_known_elr=[], offline_replicas=[]))
             count += 1
         topics.append(TopicEntry(error_code=0, name=name, topic_id=table.topic_id, is_internal=False,
                                  partitions=parts, topic_authorized_operations=-2147483648))
