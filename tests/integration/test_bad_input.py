@@ -205,3 +205,14 @@ def test_invalid_topic_name_rejected(broker):
     with pytest.raises(Exception) as info:
         admin.create_topics([NewTopic("bad/name", 1, 1)])["bad/name"].result(10)
     assert "illegal" in str(info.value).lower() or "INVALID_TOPIC" in str(info.value)
+
+
+def test_describe_topic_partitions_answers_like_kafka(broker, topic):
+    """Java clients (Spark's Kafka source) read the ELR lists as non-null."""
+    c = RawClient(broker.bootstrap)
+    R = request_class(ApiKey.DESCRIBE_TOPIC_PARTITIONS)
+    r = c.request(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, dict(topics=[R.TopicRequest(name=topic)],
+                                                             response_partition_limit=100, cursor=None))
+    part = r.topics[0].partitions[0]
+    assert r.topics[0].error_code == 0 and part.leader_id == 1
+    assert part.eligible_leader_replicas == [] and part.last_known_elr == []
