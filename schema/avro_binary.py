@@ -518,15 +518,20 @@ def _join_rows(parts: list[pa.Array | _Cells], n: int) -> pa.Array:
     return pc.binary_join_element_wise(*arrays, _EMPTY)
 
 
-def encode_avro(node: AvroNode, arr: pa.Array) -> pa.Array:
-    """Encode one Avro value per element of `arr` (a column of the table), as binary.
+def encode_avro(node: AvroNode, arr: pa.Array, prefix: bytes = b"") -> pa.Array:
+    """Encode one Avro value per element of `arr` (a column of the table), as binary,
+    each after `prefix` (e.g. a wire-format header: joined in the same pass, not copied again).
 
     `arr` may hold a wider type than the writer's (long for int, double for float, ...):
     values narrow back, as they were widened from this writer's values.
     """
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    return _join_rows(_encode_parts(node, arr), len(arr))
+    n = len(arr)
+    parts = _encode_parts(node, arr)
+    if prefix:
+        parts.insert(0, _Cells(np.broadcast_to(np.frombuffer(prefix, np.uint8), (n, len(prefix)))))
+    return _join_rows(parts, n)
 
 
 def _encode_parts(node: AvroNode, arr: pa.Array) -> list[pa.Array | _Cells]:

@@ -268,8 +268,8 @@ class AvroValueCodec(_SubjectCodec):
         for schema_id in uniq:
             group = np.arange(n) if uniq.size == 1 else np.flatnonzero(ids == schema_id)
             sub = cols if uniq.size == 1 else cols.take(pa.array(group))
-            body = encode_avro(self._writer(int(schema_id)).avro.root, sub)
-            parts.append(_prefix(body, int(schema_id)))
+            header = bytes([MAGIC]) + int(schema_id).to_bytes(4, "big")
+            parts.append(encode_avro(self._writer(int(schema_id)).avro.root, sub, prefix=header))
             rows.append(group)
         out = _restore_order(parts, rows, n) if parts else pa.array([], pa.binary())
         if cols.null_count:
