@@ -45,7 +45,7 @@ def fill(flight_url: str, table_name: str, rows: int, buckets: int, append_rows:
 
 
 def fill_schema20(bootstrap: str, registry_url: str, flight_url: str, table_name: str, rows: int,
-                  buckets: int, append_rows: int = APPEND_ROWS) -> None:
+                  buckets: int, append_rows: int = APPEND_ROWS, pad: int = 0) -> None:
     """The 20-field Avro records of the schema tests: produced through Kafka into a staging
     table (typed by its registered schema), read back as Arrow and appended through the
     native client in large batches, so that fetches re-encode rather than hit the wire cache."""
@@ -54,7 +54,7 @@ def fill_schema20(bootstrap: str, registry_url: str, flight_url: str, table_name
     ser = AvroSerializer(sr, json.dumps(SCHEMA20))
     ctx = SerializationContext(staging, MessageField.VALUE)
     rng = random.Random(8)
-    values = [ser(make_record(rng, i), ctx) for i in range(rows)]
+    values = [ser(make_record(rng, i, pad), ctx) for i in range(rows)]
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(staging, 1, 1)])[staging].result(10)
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "queue.buffering.max.messages": 1_000_000})
@@ -96,6 +96,7 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, default=1)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--bootstrap", help="an already running broker (else one is started)")
+    ap.add_argument("--pad", type=int, default=0, help="--schema20: widen each record by about this many bytes")
     ap.add_argument("--append-rows", type=int, default=APPEND_ROWS, help="rows per native append (stored batch)")
     ap.add_argument("--flight")
     ap.add_argument("--registry", help="the running broker's schema registry URL")
@@ -112,7 +113,7 @@ def main() -> None:
             bootstrap, flight, registry = broker.bootstrap, broker.flight_url, broker.http_url
         try:
             if args.schema20:
-                fill_schema20(bootstrap, registry, flight, table_name, args.rows, args.buckets, args.append_rows)
+                fill_schema20(bootstrap, registry, flight, table_name, args.rows, args.buckets, args.append_rows, args.pad)
             else:
                 fill(flight, table_name, args.rows, args.buckets, args.append_rows)
             rates = []
