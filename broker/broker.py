@@ -36,6 +36,8 @@ class Broker:
         self.cpu_executor = ThreadPoolExecutor(2, thread_name_prefix="fluvial-cpu")
         self.tables = TableManager(config, self.store, self.io_executor)
         self.wire_cache = WireCache(config.wire_cache_bytes)
+        # Whichever path deletes a table (Kafka, table API), its cached batches go with it.
+        self.tables.deleted_hooks.append(lambda table: self.wire_cache.drop_table(table.name))
         self.kafka = KafkaServer(self)
         self.kafka_port: int | None = None
         self._background: list[asyncio.Task] = []

@@ -65,7 +65,6 @@ async def delete_topics(ctx: RequestContext, request):
             if name is not None and topic_id is not None and topic_id.int != 0 and table.topic_id != topic_id:
                 raise FluvialError("topic id does not match the topic name", code=ErrorCode.INCONSISTENT_TOPIC_ID)
             tables.delete(table.name)
-            ctx.broker.wire_cache.drop_table(table.name)
             r.name, r.topic_id = table.name, table.topic_id
         except UnknownTableError as exc:
             r.error_code = ErrorCode.UNKNOWN_TOPIC_ID if name is None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
