@@ -11,21 +11,9 @@ import pytest
 from fluvial.client import connect
 from fluvial.kv.bucketing import bucket_of
 
-kafka_dist = pytest.importorskip("benchmarks.kafka_dist")
-
 pytestmark = pytest.mark.java
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("name", pa.string()), pa.field("n", pa.int64())])
-
-
-@pytest.fixture(scope="module")
-def java_tools():
-    if not kafka_dist.is_fetched():
-        try:
-            kafka_dist.fetch()
-        except Exception as exc:  # noqa: BLE001 - no Maven Central: say why the tests cannot run
-            pytest.skip(f"Apache Kafka's jars are not available: {exc}")
-    return kafka_dist
 
 
 def test_java_console_producer_upserts_by_key(broker, java_tools, topic_name):
