@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import io
 import random
 import uuid
 
+import fastavro
 import numpy as np
 
 UTC = dt.timezone.utc
@@ -70,3 +72,16 @@ def make_record(rng: random.Random, i: int, pad: int = 0) -> dict:
         record["name"] += "x" * (pad // 2)
         record["payload"] += rng.randbytes(pad - pad // 2)
     return record
+
+
+def confluent_wire(schema: dict, schema_id: int, records: list[dict]) -> list[bytes]:
+    """Records in Confluent's wire format (magic 0, 4-byte schema id, Avro binary), as
+    confluent-kafka's AvroSerializer writes them (it encodes with fastavro)."""
+    parsed = fastavro.parse_schema(schema)
+    out = []
+    for r in records:
+        buf = io.BytesIO()
+        buf.write(b"\0" + schema_id.to_bytes(4, "big"))
+        fastavro.schemaless_writer(buf, parsed, r)
+        out.append(buf.getvalue())
+    return out

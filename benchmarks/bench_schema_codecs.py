@@ -28,7 +28,7 @@ import pyarrow as pa
 from fluvial.broker.metadata import MetadataStore
 from fluvial.schema.codecs import value_codec
 from fluvial.schema.registry import SchemaRegistry, parse_schema
-from tests.unit.test_schema_codecs import SCHEMA20, make_record
+from benchmarks.avro_records import SCHEMA20, confluent_wire, make_record
 
 RESULTS = Path(__file__).parent / "results" / "schema_codecs.json"
 
@@ -64,12 +64,7 @@ def container_block(schema: dict, bodies: list[bytes]) -> bytes:
 
 def run_size(label: str, records: list[dict], batch: int, registry: SchemaRegistry, sid: int) -> dict:
     parsed = fastavro.parse_schema(SCHEMA20)
-    values = []
-    for r in records:
-        buf = io.BytesIO()
-        buf.write(b"\0" + sid.to_bytes(4, "big"))
-        fastavro.schemaless_writer(buf, parsed, r)
-        values.append(buf.getvalue())
+    values = confluent_wire(SCHEMA20, sid, records)
     n = len(values)
     batches = [pa.array(values[i:i + batch], pa.binary()) for i in range(0, n, batch)]
     codec = value_codec(registry, "bench")

@@ -24,19 +24,11 @@ from fluvial.schema.evolution import evolve
 from fluvial.schema.registry import SchemaRegistry, parse_schema
 
 # Shared with the integration tests and the benchmarks (re-exported: tests import them from here).
-from benchmarks.avro_records import SCHEMA20, make_record  # noqa: F401
+from benchmarks.avro_records import SCHEMA20, confluent_wire, make_record  # noqa: F401
 
 UTC = dt.timezone.utc
 
-def wire(schema: dict, schema_id: int, records: list[dict]) -> list[bytes]:
-    parsed = fastavro.parse_schema(schema)
-    out = []
-    for r in records:
-        buf = io.BytesIO()
-        buf.write(b"\0" + schema_id.to_bytes(4, "big"))
-        fastavro.schemaless_writer(buf, parsed, r)
-        out.append(buf.getvalue())
-    return out
+wire = confluent_wire
 
 
 def normalized(record: dict) -> dict:
