@@ -104,8 +104,12 @@ async def produce(ctx: RequestContext, request):
                 parts.append(_prepare(ctx, t.name, p.index, p.records))
 
     todo = [p for p in parts if p.response is None]
-    big = [p for p in todo if len(p.wire) >= INLINE_CONVERT_BYTES]
-    small = [p for p in todo if len(p.wire) < INLINE_CONVERT_BYTES]
+    # Typed and primary-key tables decode values into columns: always off the loop.
+    big: list[_Part] = []
+    small: list[_Part] = []
+    for p in todo:
+        typed = p.bucket.table.value_format is not kafka_batches.RAW
+        (big if typed or len(p.wire) >= INLINE_CONVERT_BYTES else small).append(p)
     lat = {p.topic: kafka_batches.now_ms() for p in todo
            if p.bucket.table.config("message.timestamp.type") == "LogAppendTime"}
     loop = asyncio.get_running_loop()
@@ -130,6 +134,9 @@ async def produce(ctx: RequestContext, request):
                     p.response = PartitionResponse(index=p.index, error_code=0, base_offset=duplicate.base_offset,
                                                    log_append_time_ms=-1,
                                                    log_start_offset=bucket.tablet.log_start_offset)
+                    if acks == -1 and broker.config.flush_policy == "ack":
+                        # The original may still be waiting for its fsync.
+                        durable_waits.append(bucket.group_commit.wait_durable(duplicate.last_offset + 1))
                     continue
             pk = pk_tables.is_primary_key(bucket.table)
             if pk:
