@@ -1,6 +1,7 @@
 """Tables with a schema: standard serializers work unchanged, values are stored as typed columns."""
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -74,6 +75,27 @@ def test_avro_serializer_10000_records_of_20_fields(broker, topic_name):
     kvals = [m.value for m in kc][: len(payloads)]
     kc.close()
     assert kvals == payloads
+
+    async def aiokafka_values() -> list[bytes]:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.structs import TopicPartition as ATP
+
+        ac = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False,
+                              max_partition_fetch_bytes=50 << 20)
+        await ac.start()
+        try:
+            tp = ATP(topic_name, 0)
+            ac.assign([tp])
+            await ac.seek_to_beginning(tp)
+            out: list[bytes] = []
+            while len(out) < len(payloads):
+                batch = await asyncio.wait_for(ac.getmany(tp, timeout_ms=1000), 30)
+                out.extend(m.value for m in batch.get(tp, []))
+            return out
+        finally:
+            await ac.stop()
+
+    assert asyncio.run(aiokafka_values()) == payloads
 
     # The segment files hold typed columns, not opaque bytes.
     stored = segment_tables(broker, topic_name)
