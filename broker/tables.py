@@ -239,10 +239,13 @@ class TableManager:
             table.buckets.append(self._open_bucket(table, i))
         return table
 
-    def alter_configs(self, name: str, overrides: dict[str, str]) -> Table:
+    def alter_configs(self, name: str, overrides: dict[str, str], *, validate_only: bool = False) -> Table:
+        """Replace a table's config overrides (checked as a real change is, also when only validating)."""
         table = self.get(name)
         clean = validate_topic_configs(overrides)
         check_alterable(table.configs, clean)
+        if validate_only:
+            return table
         with self.store.transaction() as conn:
             conn.execute("UPDATE tables SET configs = ? WHERE name = ?", (json.dumps(clean), name))
         table.configs = clean

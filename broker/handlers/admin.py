@@ -64,13 +64,8 @@ async def alter_configs(ctx: RequestContext, request):
                                              resource_name=res.resource_name)
         try:
             _check_resource(res.resource_type, res.resource_name)
-            ctx.broker.tables.get(res.resource_name)
             overrides = {c.name: c.value for c in res.configs if c.value is not None}
-            if not request.validate_only:
-                ctx.broker.tables.alter_configs(res.resource_name, overrides)
-            else:
-                from fluvial.broker.config import validate_topic_configs
-                validate_topic_configs(overrides)
+            ctx.broker.tables.alter_configs(res.resource_name, overrides, validate_only=request.validate_only)
         except FluvialError as exc:
             r.error_code, r.error_message = exc.code, exc.message
         out.append(r)
@@ -104,11 +99,7 @@ async def incremental_alter_configs(ctx: RequestContext, request):
                     overrides[c.name] = ",".join(current)
                 else:
                     raise InvalidConfigError(f"Unknown config operation {c.config_operation}")
-            if request.validate_only:
-                from fluvial.broker.config import validate_topic_configs
-                validate_topic_configs(overrides)
-            else:
-                ctx.broker.tables.alter_configs(res.resource_name, overrides)
+            ctx.broker.tables.alter_configs(res.resource_name, overrides, validate_only=request.validate_only)
         except FluvialError as exc:
             r.error_code, r.error_message = exc.code, exc.message
         out.append(r)

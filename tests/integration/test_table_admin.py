@@ -43,3 +43,13 @@ def test_changelog_topic_cannot_be_deleted_but_the_table_can(broker, topic_name)
     topics = admin.list_topics()
     assert topic_name not in topics and f"{topic_name}.changelog" not in topics
     admin.close()
+
+
+def test_validate_only_alter_gives_the_same_answer_as_the_real_one(broker, topic_name):
+    create(broker, topic_name)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    res = ConfigResource("topic", topic_name, incremental_configs=[
+        ConfigEntry("fluvial.primary.key", "owner", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(Exception) as info:
+        admin.incremental_alter_configs([res], validate_only=True)[res].result(10)
+    assert "fixed" in str(info.value)
