@@ -106,6 +106,20 @@ class StorageError(FluvialError):
     http_status = 500
 
 
+class ObjectNotFound(StorageError):
+    """A key the object store does not hold (a remote segment that was removed, a typo)."""
+    http_status = 404
+
+
+class ObjectStoreError(StorageError):
+    """The object store could not be reached or refused a request (down, no permission)."""
+    http_status = 503
+
+
+class CorruptRemoteDataError(StorageError):
+    """A remote object that exists but does not hold what its manifest says (size, checksum, format)."""
+
+
 class ProducerFencedError(FluvialError):
     code = ErrorCode.INVALID_PRODUCER_EPOCH
     http_status = 409

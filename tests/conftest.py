@@ -6,6 +6,7 @@ import uuid
 import pytest
 
 from tests.support.broker_process import BrokerProcess
+from tests.support.moto_server import MotoServer, moto_server_command
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +50,24 @@ def java_tools():
 @pytest.fixture
 def topic_name() -> str:
     return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def moto_s3(tmp_path_factory):
+    """A real S3-compatible server process (moto_server) on loopback, for the whole session;
+    the S3 tests are skipped, saying why, when moto_server is not installed."""
+    if moto_server_command() is None:
+        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto_server.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_moto_s3(tmp_path):
+    """A moto_server process of this test's own (for tests that kill and restart the store)."""
+    if moto_server_command() is None:
+        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+    server = MotoServer(tmp_path / "moto_server.log").start()
+    yield server
+    server.stop()
