@@ -11,14 +11,12 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from fluvial.broker.flight.catalog import BUCKET, column_field, user_schema
-from fluvial.broker.log import BatchMeta
 from fluvial.broker.tables import Bucket
-from fluvial.errors import UnknownColumnError
-from fluvial.client.wire import COMPARISONS, FILTER_OPS, ScanRequest, ScanStats
-from fluvial.errors import InvalidRequestError, OffsetOutOfRangeError
+from fluvial.client.predicates import Filter, batch_may_match, filter_mask, parse_filter, read_columns
+from fluvial.client.wire import ScanRequest, ScanStats
+from fluvial.errors import InvalidRequestError, OffsetOutOfRangeError, UnknownColumnError
 
 READ_BYTES = 8 * 1024 * 1024
 # Small stored batches (one per Kafka produce) are sent together, up to about 1 MB or 64 Ki
@@ -26,36 +24,6 @@ READ_BYTES = 8 * 1024 * 1024
 SEND_ROWS = 64 * 1024
 SEND_BYTES = 1024 * 1024
 SEND_ALONE_BYTES = 256 * 1024
-
-_COMPARE = {"=": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal,
-            ">": pc.greater, ">=": pc.greater_equal}
-
-
-@dataclass(frozen=True)
-class Filter:
-    """One condition `column op value`; a scan's filters are AND-ed."""
-
-    column: str
-    op: str
-    value: Any  # a pa.Scalar of the column's type, a pa.Array for in/not in, None for null tests
-
-    @property
-    def stats_value(self) -> Any:
-        """The value as batch statistics hold it: temporal values as their integer storage."""
-        value = self.value
-        if value is None:
-            return None
-        t = value.type
-        if pa.types.is_temporal(t) or pa.types.is_duration(t):
-            storage = pa.int64() if t.bit_width == 64 else pa.int32()
-            value = value.view(storage) if isinstance(value, pa.Array) else value.cast(storage)
-        return value.to_pylist() if isinstance(value, pa.Array) else value.as_py()
-
-    @property
-    def plain_value(self) -> Any:
-        if isinstance(self.value, pa.Array):
-            return self.value.to_pylist()
-        return self.value.as_py() if isinstance(self.value, pa.Scalar) else self.value
 
 
 @dataclass
@@ -97,25 +65,7 @@ def _field(table, users: pa.Schema, name: str) -> pa.Field:
 
 
 def _filter(table, users: pa.Schema, raw: list) -> Filter:
-    if not isinstance(raw, (list, tuple)) or len(raw) != 3:
-        raise InvalidRequestError(f"a filter is (column, op, value), not {raw!r}")
-    column, op, value = raw
-    if op not in FILTER_OPS:
-        raise InvalidRequestError(f"unknown filter operator {op!r}; use one of {list(FILTER_OPS)}")
-    field = _field(table, users, column)
-    if op in ("is_null", "not_null"):
-        return Filter(column, op, None)
-    try:
-        if op in ("in", "not in"):
-            if not isinstance(value, (list, tuple)):
-                raise InvalidRequestError(f"filter {column} {op} needs a list of values, not {value!r}")
-            return Filter(column, op, pa.array(list(value), field.type))
-        if value is None:
-            raise InvalidRequestError(f"filter {column} {op} None: use is_null / not_null")
-        return Filter(column, op, pa.scalar(value, field.type))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-        raise InvalidRequestError(f"filter value {value!r} does not fit column {column!r} of type {field.type}: {exc}") \
-            from None
+    return parse_filter(raw, lambda name: _field(table, users, name))
 
 
 def resolve_offsets(bucket: Bucket, start: Any, end: int | None, follow: bool) -> tuple[int, int | None]:
@@ -144,100 +94,6 @@ def resolve_offsets(bucket: Bucket, start: Any, end: int | None, follow: bool) -
     if end > hwm and not follow:
         raise OffsetOutOfRangeError(f"end offset {end} is out of range: {where}")
     return first, end
-
-
-# -- batch skipping -----------------------------------------------------------------------
-
-def batch_may_match(meta: BatchMeta, stats: dict | None, filters: list[Filter]) -> bool:
-    """False when the batch's per-column statistics (min, max, null count, recorded by the
-    log tablet at append) prove that no row passes the filters.
-
-    The one place batches are skipped. Columns without statistics never decide."""
-    if not filters or not stats:
-        return True
-    rows = meta.record_count
-    for f in filters:
-        col = stats.get(f.column)
-        if col is None:
-            continue
-        try:
-            if not _range_may_match(f, col.min, col.max, col.null_count, rows):
-                return False
-        except TypeError:
-            continue  # bounds of a type the value cannot be compared with: read the batch
-    return True
-
-
-def _py(v: Any) -> Any:
-    return v.as_py() if isinstance(v, pa.Scalar) else v
-
-
-def _range_may_match(f: Filter, low: Any, high: Any, nulls: int | None, rows: int) -> bool:
-    low, high = _py(low), _py(high)
-    if f.op == "is_null":
-        return nulls is None or nulls > 0
-    all_null = nulls is not None and nulls >= rows
-    if f.op == "not_null":
-        return not all_null
-    if all_null:
-        return False  # comparisons with null never hold
-    if low is None or high is None:
-        return True
-    v = f.stats_value
-    if f.op == "=":
-        return low <= v <= high
-    if f.op in ("!=", "not in") and pa.types.is_floating(f.value.type):
-        return True  # NaN is outside the bounds yet passes != and not in
-    if f.op == "!=":
-        return not (low == high == v)
-    if f.op == "<":
-        return low < v
-    if f.op == "<=":
-        return low <= v
-    if f.op == ">":
-        return high > v
-    if f.op == ">=":
-        return high >= v
-    if f.op == "in":
-        return any(x is not None and low <= x <= high for x in v)
-    if f.op == "not in":
-        return not (low == high and low in v)
-    return True
-
-
-# -- rows ---------------------------------------------------------------------------------
-
-def filter_mask(batch: pa.RecordBatch, filters: list[Filter]) -> pa.Array:
-    """Rows passing every filter (null comparisons count as not passing)."""
-    mask = None
-    for f in filters:
-        col = batch.column(f.column)
-        if f.op in COMPARISONS:
-            m = _COMPARE[f.op](col, f.value)
-        elif f.op == "in":
-            m = pc.is_in(col, value_set=f.value)
-        elif f.op == "not in":
-            m = pc.and_(pc.invert(pc.is_in(col, value_set=f.value)), pc.is_valid(col))
-        elif f.op == "is_null":
-            m = pc.is_null(col)
-        else:
-            m = pc.is_valid(col)
-        mask = m if mask is None else pc.and_kleene(mask, m)
-    return mask
-
-
-def _read_columns(batch: pa.RecordBatch, fields: list[pa.Field]) -> pa.RecordBatch:
-    """The fields' columns of a stored batch; batches written under an earlier table schema
-    are evolved (added columns as nulls or defaults, widened types)."""
-    schema = batch.schema
-    names = [f.name for f in fields]
-    if all(schema.get_field_index(f.name) >= 0 and schema.field(f.name).type == f.type for f in fields):
-        return batch.select(names)
-    from fluvial.schema.evolution import evolve
-
-    present = [n for n in schema.names if n in names]
-    users = pa.schema([f for f in fields if not f.name.startswith("_")])
-    return evolve(batch.select(present), users).select(names)
 
 
 def _statistics(tablet, offset: int, last_base: int) -> dict[int, dict]:
@@ -308,7 +164,7 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
                 batch = batch.slice(lo, hi - lo)
             offset = meta.base_offset + hi
             stats.rows_read += batch.num_rows
-            batch = _read_columns(batch, plan.read_fields)
+            batch = read_columns(batch, plan.read_fields)
             if plan.filters:
                 batch = batch.filter(filter_mask(batch, plan.filters))
             if batch.num_rows == 0:
