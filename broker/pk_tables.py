@@ -33,6 +33,7 @@ from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec
 from fluvial.kv.bucketing import buckets_of
 from fluvial.kv.tablet import CHANGE_COLUMN, SOURCE_COLUMN
 from fluvial.protocol.records import BatchHeader, RecordColumns, build_batch, decode_records
+from fluvial.tiering.kv_snapshots import RemoteKvSnapshot, RemoteKvSnapshots, bucket_prefix
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ CHANGE_HEADER = "fluvial.change"
 # Snapshots: every SNAPSHOT_INTERVAL_S seconds for buckets that changed, keeping SNAPSHOT_RETAIN.
 SNAPSHOT_INTERVAL_S = float(os.environ.get("FLUVIAL_KV_SNAPSHOT_INTERVAL_S", "600"))
 SNAPSHOT_RETAIN = int(os.environ.get("FLUVIAL_KV_SNAPSHOT_RETAIN", "3"))
+# Snapshots kept in the object store per bucket (tables with remote storage on).
+REMOTE_SNAPSHOT_RETAIN = int(os.environ.get("FLUVIAL_KV_REMOTE_SNAPSHOT_RETAIN", "2"))
+REMOTE_STORAGE_ENABLE = "remote.storage.enable"
 # Writes smaller than this many rows merge on the event loop: a thread hop costs more.
 INLINE_ROWS = 256
 _REPLAY_CHUNK_BYTES = 16 << 20
@@ -119,6 +123,8 @@ class BucketKv:
     snapshots: SnapshotStore
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     snapshot_offset: int = -1
+    remote: "RemoteKvSnapshots | None" = None  # the table's remote storage is on
+    remote_offset: int = -1  # offset of the newest snapshot in the object store
 
 
 class PkTable:
@@ -397,29 +403,65 @@ class PkTableService:
             schema_id = self.registry.register(subject, parsed)[0]
         return KeyFormat("avro", AvroValueCodec(self.registry, subject, key_schema), schema_id)
 
+    def remote_snapshots(self, table: Table, index: int) -> RemoteKvSnapshots | None:
+        """The bucket's snapshots in the object store, when the table's remote storage is on."""
+        store = getattr(self.broker, "object_store", None)
+        if store is None or not remote_storage_enabled(table):
+            return None
+        return RemoteKvSnapshots(store, bucket_prefix(table.name, table.topic_id, index), REMOTE_SNAPSHOT_RETAIN)
+
     def _open_bucket(self, pk: PkTable, bucket: Bucket) -> BucketKv:
         path = self.kv_dir / f"{pk.table.name}-{bucket.index}"
         snapshots = SnapshotStore(self.snapshot_dir / f"{pk.table.name}-{bucket.index}", SNAPSHOT_RETAIN)
-        tablet = open_kv_tablet(path, pk, bucket, snapshots)
-        kv = BucketKv(bucket, tablet, snapshots)
+        remote = self.remote_snapshots(pk.table, bucket.index)
+        tablet = open_kv_tablet(path, pk, bucket, snapshots, remote)
+        kv = BucketKv(bucket, tablet, snapshots, remote=remote)
         latest = snapshots.latest()
         kv.snapshot_offset = latest.log_offset if latest else -1
+        if remote is not None:
+            try:
+                newest = remote.latest()
+                kv.remote_offset = newest.log_offset if newest else -1
+            except Exception as exc:  # noqa: BLE001 - a store that is down: uploads catch up later
+                log.warning("KV snapshots of %s bucket %d in the object store cannot be listed: %s",
+                            pk.table.name, bucket.index, exc)
         return kv
 
     # -- snapshots -----------------------------------------------------------------------
     async def snapshot(self, table: Table, *, only_changed: bool = False) -> list[SnapshotInfo]:
-        """Checkpoint every bucket's KV tablet (on demand, or periodically when changed)."""
+        """Checkpoint every bucket's KV tablet (on demand, or periodically when changed); with
+        remote storage on, the snapshot and its rows then go to the object store."""
         pk = _state(table)
         loop = asyncio.get_running_loop()
         out = []
         for kv in pk.buckets:
+            if kv.remote is None:
+                kv.remote = self.remote_snapshots(table, kv.bucket.index)  # remote storage turned on since
             async with kv.lock:
-                if only_changed and kv.tablet.applied_offset == kv.snapshot_offset:
+                unchanged = kv.tablet.applied_offset == kv.snapshot_offset
+                if only_changed and unchanged and (kv.remote is None or kv.remote_offset == kv.snapshot_offset):
                     continue
                 info = await loop.run_in_executor(self.broker.io_executor, kv.snapshots.take, kv.tablet)
                 kv.snapshot_offset = info.log_offset
-                out.append(info)
+                # Taken under the same lock as the checkpoint: the same rows, the same offset.
+                view = kv.tablet.snapshot()[0] if kv.remote is not None else None
+            if view is not None:
+                try:
+                    snap = await loop.run_in_executor(self.broker.io_executor, self._upload, kv, info, view)
+                    kv.remote_offset = snap.log_offset
+                    info = dataclasses.replace(info, remote=snap.to_json())
+                except Exception as exc:  # noqa: BLE001 - the local snapshot stands; the next round retries
+                    log.warning("uploading KV snapshot %d of %s bucket %d failed: %s", info.snapshot_id,
+                                table.name, kv.bucket.index, exc)
+            out.append(info)
         return out
+
+    def _upload(self, kv: BucketKv, info: SnapshotInfo, view) -> RemoteKvSnapshot:
+        rows = kv.tablet.scan(view=view)
+        snap = kv.remote.upload(info.path / "db", info.log_offset, rows, kv.tablet.schema, self.snapshot_dir)
+        log.info("KV snapshot of %s bucket %d at offset %d stored remotely as %s (%d rows)",
+                 kv.bucket.table.name, kv.bucket.index, info.log_offset, snap.prefix, snap.rows)
+        return snap
 
     async def snapshot_loop(self) -> None:
         while True:
@@ -446,6 +488,19 @@ class PkTableService:
                 kv.tablet.close()
                 shutil.rmtree(kv.tablet.path, ignore_errors=True)
                 kv.snapshots.delete_all()
+                if kv.remote is not None:
+                    self._delete_remote(kv.remote)
+
+    def _delete_remote(self, remote: RemoteKvSnapshots) -> None:
+        def delete() -> None:
+            try:
+                remote.delete_all()
+            except Exception as exc:  # noqa: BLE001 - left for the operator; nothing reads them any more
+                log.warning("deleting KV snapshots under %s failed: %s", remote.prefix, exc)
+        try:
+            asyncio.get_running_loop().run_in_executor(self.broker.io_executor, delete)
+        except RuntimeError:  # no loop (shutdown): inline
+            delete()
 
     def close(self) -> None:
         for pk in self.tables.values():
@@ -476,11 +531,14 @@ def table_spec(schema: pa.Schema, configs: dict[str, str]) -> tuple[KeyLayout, M
     return KeyLayout(schema, pk_cols, bucket_key), spec
 
 
-def open_kv_tablet(path: Path, pk: PkTable, bucket: Bucket, snapshots: SnapshotStore) -> KvTablet:
+def open_kv_tablet(path: Path, pk: PkTable, bucket: Bucket, snapshots: SnapshotStore,
+                   remote: RemoteKvSnapshots | None = None) -> KvTablet:
     """The bucket's KV tablet in line with its log: opened and caught up, or restored from
-    the latest snapshot (or rebuilt from the whole log) when missing, corrupt or ahead."""
+    the newest usable snapshot, local or in the object store (or rebuilt from the whole log)
+    when missing, corrupt or ahead."""
     log_tablet = bucket.tablet
     end = log_tablet.log_end_offset
+    start = changelog_start(bucket)
     tablet = None
     if path.exists():
         try:
@@ -491,33 +549,67 @@ def open_kv_tablet(path: Path, pk: PkTable, bucket: Bucket, snapshots: SnapshotS
             log.warning("KV tablet %s is ahead of its log (%d > %d); restoring it", path, tablet.applied_offset, end)
             tablet.close()
             tablet = None
-        if tablet is not None and tablet.applied_offset < log_tablet.log_start_offset:
+        if tablet is not None and tablet.applied_offset < start:
             log.warning("KV tablet %s is behind the changelog's start (%d < %d); restoring it", path,
-                        tablet.applied_offset, log_tablet.log_start_offset)
+                        tablet.applied_offset, start)
             tablet.close()
             tablet = None
     if tablet is None:
         shutil.rmtree(path, ignore_errors=True)
-        latest = snapshots.latest(max_offset=end)
-        if latest is not None and latest.log_offset < log_tablet.log_start_offset:
-            latest = None  # retention removed changes it would need
-        if latest is not None:
-            snapshots.restore(latest, path)
-            log.info("KV tablet %s restored from snapshot %d (offset %d)", path, latest.snapshot_id, latest.log_offset)
-        elif log_tablet.log_start_offset > 0 and end > 0:
+        local = snapshots.latest(max_offset=end)
+        if local is not None and local.log_offset < start:
+            local = None  # retention removed changes it would need
+        far = None
+        if remote is not None:
+            try:
+                far = remote.latest(max_offset=end, min_offset=start)
+            except Exception as exc:  # noqa: BLE001 - then only what is local can restore it
+                log.warning("KV snapshots of %s in the object store cannot be listed: %s", path, exc)
+        if far is not None and (local is None or far.log_offset > local.log_offset):
+            remote.download(far, path)
+            log.info("KV tablet %s restored from remote snapshot %s (offset %d)", path, far.prefix, far.log_offset)
+        elif local is not None:
+            snapshots.restore(local, path)
+            log.info("KV tablet %s restored from snapshot %d (offset %d)", path, local.snapshot_id, local.log_offset)
+        elif start > 0 and end > 0:
             raise KvTabletError(f"KV tablet {path} is missing, no snapshot covers it and the changelog "
-                                f"starts at {log_tablet.log_start_offset}: it cannot be rebuilt")
+                                f"starts at {start}: it cannot be rebuilt")
         tablet = KvTablet.open(path, pk.schema, pk.layout, pk.spec, create=True)
-    catch_up(tablet, log_tablet)
+    catch_up(tablet, bucket)
     return tablet
 
 
-def catch_up(tablet: KvTablet, log_tablet) -> int:
-    """Replay the changelog after the tablet's applied offset."""
+def changelog_start(bucket: Bucket) -> int:
+    """The first changelog offset still readable, local or remote."""
+    tiered = _remote_log(bucket)
+    local = bucket.tablet.log_start_offset
+    return min(local, tiered.start) if tiered is not None else local
+
+
+def remote_storage_enabled(table: Table) -> bool:
+    """The table's remote storage is on (its topic config, else the broker's default)."""
+    value = table.configs.get(REMOTE_STORAGE_ENABLE)
+    if value is None:
+        svc = _SERVICE.get("service")
+        config = svc.broker.config if svc is not None else None
+        value = getattr(config, "remote_storage_enable", False)
+    return str(value).lower() == "true"
+
+
+def _remote_log(bucket: Bucket):
+    """The bucket's tiered changelog, when part of it is in the object store (None before
+    the remote log exists)."""
+    return None
+
+
+def catch_up(tablet: KvTablet, bucket: Bucket) -> int:
+    """Replay the changelog after the tablet's applied offset (from remote segments while
+    it is below the local log's start)."""
+    log_tablet = bucket.tablet
     applied = 0
     started = time.monotonic()
     while tablet.applied_offset < log_tablet.log_end_offset:
-        batches = log_tablet.read(max(tablet.applied_offset, log_tablet.log_start_offset), _REPLAY_CHUNK_BYTES)
+        batches = _changelog_from(bucket, tablet.applied_offset)
         if not batches:
             break
         before = tablet.applied_offset
@@ -529,6 +621,17 @@ def catch_up(tablet: KvTablet, log_tablet) -> int:
         log.info("KV tablet %s: replayed %d changelog rows in %.2fs", tablet.path, applied,
                  time.monotonic() - started)
     return applied
+
+
+def _changelog_from(bucket: Bucket, offset: int) -> list[StoredBatch]:
+    """Changelog batches from the one holding `offset`, about _REPLAY_CHUNK_BYTES of them."""
+    log_tablet = bucket.tablet
+    if offset >= log_tablet.log_start_offset:
+        return log_tablet.read(offset, _REPLAY_CHUNK_BYTES)
+    tiered = _remote_log(bucket)
+    if tiered is None or offset < tiered.start:
+        return log_tablet.read(log_tablet.log_start_offset, _REPLAY_CHUNK_BYTES)
+    return tiered.read(offset, _REPLAY_CHUNK_BYTES)
 
 
 # ---------------------------------------------------------------- writes
@@ -619,7 +722,7 @@ def _append(pk: PkTable, bucket: Bucket, write, stored: pa.RecordBatch | None, m
         except Exception:
             # The changelog holds the write; RocksDB catches up from it.
             log.exception("applying a write to KV tablet %s failed; replaying the changelog", kv.tablet.path)
-            catch_up(kv.tablet, bucket.tablet)
+            catch_up(kv.tablet, bucket)
 
     if len(write.keys) > INLINE_ROWS:
         return written, asyncio.get_running_loop().run_in_executor(_service().broker.io_executor, apply)

@@ -2,8 +2,8 @@
 
 Each snapshot is a directory `<id>/` holding the checkpoint (`db/`) and `snapshot.json`
 (the offset: the first changelog offset not in it). The manifest is written last and
-the directory renamed into place, so a snapshot either exists whole or not at all. A
-later object-store backend uploads the same directory and manifest.
+the directory renamed into place, so a snapshot either exists whole or not at all. Tables
+with remote storage on also upload each snapshot (`fluvial.tiering.kv_snapshots`).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class SnapshotInfo:
     log_offset: int  # changelog offsets below this are in the snapshot
     created_ms: int
     path: Path
+    remote: dict | None = None  # the object-store copy (RemoteKvSnapshot.to_json()), once uploaded
 
     def to_json(self) -> dict:
         d = asdict(self)
