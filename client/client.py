@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from fluvial.client import pk
+from fluvial.client import pk, union
 from fluvial.client.errors import from_flight
 from fluvial.client.wire import (
     CREATE_TABLE, DESCRIBE, DROP_TABLE, LIST_TABLES, OFFSETS, Appended, AppendRequest, ScanRequest, ScanStats,
@@ -150,8 +150,18 @@ class Table:
         """Log start offset and high watermark of each bucket."""
         return [BucketOffsets(**o) for o in self.client._action(OFFSETS, {"table": self.name})]
 
+    @property
+    def lake_enabled(self) -> bool:
+        """Whether the table is copied into a lake table (`fluvial.lake.enable`)."""
+        return union.is_lake_enabled(self.info.configs)
+
+    def lake_info(self) -> "union.LakeInfo | None":
+        """The table's lake as the broker reports it: catalog, snapshot, offsets tiered, state."""
+        return union.lake_info(self)
+
     def scan(self, columns: Sequence[str] | None = None, filter: Any = None, start: Any = "earliest",
-             end: Any = None, buckets: Sequence[int] | None = None) -> "Scan":
+             end: Any = None, buckets: Sequence[int] | None = None, *, source: str | None = None,
+             lake_catalog: dict[str, str] | None = None) -> "Scan | union.UnionScan":
         """A scan of the table's rows (nothing is read until its results are asked for).
 
         columns: names to read, default all user columns; system columns `_offset`,
@@ -164,9 +174,24 @@ class Table:
             of each bucket when the scan starts.
         buckets: which buckets (default all); they are read in parallel.
 
+        source: "union" (the lake snapshot, then the log from exactly the offsets it covers:
+            every row once, also rows the broker no longer holds; for primary-key tables
+            the current rows), "lake" (the lake snapshot only) or "log" (the broker only).
+            Default: "union" for lake-enabled log tables read from "earliest" or from
+            offsets, else "log" (a primary-key table's scan stays its changelog unless
+            source="union" asks for the current rows).
+        lake_catalog: extra catalog properties for reading the lake (credentials the broker
+            does not hand out).
+
         >>> t.scan(columns=["id", "amount"], filter=[("amount", ">", 100)]).to_pandas()
         """
-        return Scan(self, columns, filter, start, end, buckets)
+        if source is None:
+            source = union.default_source(self, start)
+        if source == "log":
+            return Scan(self, columns, filter, start, end, buckets)
+        if source not in union.SOURCES:
+            raise ValueError(f"source must be one of {union.SOURCES}, not {source!r}")
+        return union.UnionScan(self, columns, filter, start, end, buckets, source, lake_catalog)
 
     @_typed_errors
     def append(self, data: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch] | Any, *,
@@ -275,6 +300,15 @@ def _per_bucket(value: Any, bucket: int, what: str) -> Any:
     return value
 
 
+def normalize_filters(filter: Any) -> list[list[Any]]:
+    """A scan's `filter` argument (None, one (column, op, value), or a list of them) as a list."""
+    if filter is None:
+        return []
+    if isinstance(filter, tuple) and len(filter) == 3 and isinstance(filter[0], str):
+        return [list(filter)]
+    return [list(f) for f in filter]
+
+
 _DONE = object()
 
 
@@ -284,13 +318,7 @@ class Scan:
     def __init__(self, table: Table, columns, filter, start, end, buckets):
         self.table = table
         self.columns = list(columns) if columns is not None else None
-        if filter is None:
-            filters = []
-        elif isinstance(filter, tuple) and len(filter) == 3 and isinstance(filter[0], str):
-            filters = [filter]
-        else:
-            filters = list(filter)
-        self.filter = [list(f) for f in filters]
+        self.filter = normalize_filters(filter)
         self.start = start
         self.end = end
         self.buckets = list(buckets) if buckets is not None else list(range(table.info.buckets))
