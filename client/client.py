@@ -13,8 +13,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from fluvial.client import pk, union
-from fluvial.client.errors import from_flight
+from fluvial.client import pk, remote, union
+from fluvial.client.errors import InvalidRequestError, OffsetOutOfRangeError, from_flight
 from fluvial.client.wire import (
     CREATE_TABLE, DESCRIBE, DROP_TABLE, LIST_TABLES, OFFSETS, Appended, AppendRequest, ScanRequest, ScanStats,
     schema_from_b64, schema_to_b64,
@@ -35,14 +35,22 @@ def _typed_errors(fn):
     return wrapper
 
 
-def connect(url: str = "grpc://127.0.0.1:8815") -> "Client":
+def connect(url: str = "grpc://127.0.0.1:8815", *, remote_reads: bool = True,
+            object_store_options: dict[str, str] | None = None) -> "Client":
     """Connect to a broker's table API.
+
+    remote_reads: scans read tiered offsets (segments the broker moved to the object store)
+        straight from the object store instead of through the broker.
+    object_store_options: the client's own object store settings for those reads
+        (access_key_id, secret_access_key, session_token, endpoint_url, region); without
+        them the standard AWS environment variables and profiles are used. The broker never
+        hands out credentials.
 
     >>> client = connect("grpc://127.0.0.1:8815")
     >>> client.list_tables()
     ['orders', 'clicks']
     """
-    return Client(url)
+    return Client(url, remote_reads=remote_reads, object_store_options=object_store_options)
 
 
 @dataclass(frozen=True)
@@ -75,12 +83,32 @@ class TableInfo:
 class Client:
     """A connection to one broker's table API. Thread-safe; close it (or use `with`) when done."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, remote_reads: bool = True, object_store_options: dict[str, str] | None = None):
         self.url = url
         self._flight = flight.FlightClient(url)
+        self.remote_reads = remote_reads
+        self.object_store_options = dict(object_store_options or {})
+        self._broker_tiers = True  # False once the broker says it has no remote-segments action
 
     def close(self) -> None:
         self._flight.close()
+
+    def remote_log(self, table: str, bucket: int, start: int) -> "remote.RemoteLog | None":
+        """Where a bucket's tiered offsets from `start` on are (None: nothing is tiered, or
+        the broker does not tier)."""
+        if not self._broker_tiers:
+            return None
+        try:
+            body = self._action(remote.REMOTE_SEGMENTS, {"name": table, "table": table, "bucket": bucket,
+                                                         "start": start})
+        except InvalidRequestError as exc:
+            if "unknown action" in exc.message:
+                self._broker_tiers = False
+                return None
+            raise
+        if not body or not body.get("segments"):
+            return None
+        return remote.RemoteLog.from_json(body)
 
     def __enter__(self) -> "Client":
         return self
@@ -312,6 +340,20 @@ def normalize_filters(filter: Any) -> list[list[Any]]:
 _DONE = object()
 
 
+def _plain_schema(schema: pa.Schema) -> pa.Schema:
+    """The table's columns as a scan returns them (without the field-id metadata of a description)."""
+    fields = []
+    for f in schema:
+        metadata = {k: v for k, v in (f.metadata or {}).items() if k != b"fluvial.field_id"}
+        fields.append(f.with_metadata(metadata) if metadata else f.remove_metadata())
+    return pa.schema(fields)
+
+
+def _system_fields() -> dict[str, pa.Field]:
+    from fluvial.client.predicates import system_fields
+    return system_fields()
+
+
 class Scan:
     """The result of `Table.scan`: read it as Arrow, pandas, batches, or follow it."""
 
@@ -332,13 +374,43 @@ class Scan:
 
     def _read_bucket(self, bucket: int, follow: bool, emit, stop: threading.Event,
                      readers: dict) -> None:
-        client = self.table.client._flight
-        reader = client.do_get(flight.Ticket(self._request(bucket, follow).to_bytes()))
-        readers[bucket] = reader
-        if stop.is_set():  # the consumer left before this stream was registered for cancelling
-            reader.cancel()
+        """One bucket: its tiered part from the object store (when the client reads remote
+        data itself), then the rest from the broker, starting exactly where the first ended."""
+        start = _per_bucket(self.start, bucket, "start")
+        end = _per_bucket(self.end, bucket, "end")
+        client = self.table.client
+        if not client.remote_reads or start == "latest":
+            self._read_broker(bucket, start, end, follow, emit, stop, readers)
             return
-        emit(("schema", reader.schema))
+        while True:
+            start = self._read_remote(bucket, start, end, emit, stop)
+            if start is None or stop.is_set():
+                return  # the remote part reached the end
+            try:
+                self._read_broker(bucket, start, end, follow, emit, stop, readers)
+                return
+            except OffsetOutOfRangeError:
+                # Local retention removed the offset since the broker was asked: it is remote now.
+                if not isinstance(start, int):
+                    raise
+                again = client.remote_log(self.table.name, bucket, start)
+                if again is None or not again.segments or again.end_offset <= start:
+                    raise
+
+    def _read_broker(self, bucket: int, start: Any, end: Any, follow: bool, emit, stop: threading.Event,
+                     readers: dict) -> None:
+        client = self.table.client._flight
+        request = ScanRequest(self.table.name, bucket, self.columns, start, end, self.filter, follow)
+        try:
+            reader = client.do_get(flight.Ticket(request.to_bytes()))
+            readers[bucket] = reader
+            if stop.is_set():  # the consumer left before this stream was registered for cancelling
+                reader.cancel()
+                return
+            schema = reader.schema
+        except flight.FlightError as exc:
+            raise from_flight(exc) from None
+        emit(("schema", schema))
         while not stop.is_set():
             try:
                 chunk = reader.read_chunk()
@@ -350,6 +422,54 @@ class Scan:
                     emit(("stats", bucket, stats))
             if chunk.data is not None and chunk.data.num_rows:
                 emit(("batch", bucket, chunk.data))
+
+    def _read_remote(self, bucket: int, start: Any, end: Any, emit, stop: threading.Event) -> Any:
+        """Read what of [start, end) only the object store holds; returns where the broker
+        continues (the original `start` when nothing is remote), None when the end was reached."""
+        client = self.table.client
+        asked = start if isinstance(start, int) and not isinstance(start, bool) else 0
+        log = client.remote_log(self.table.name, bucket, asked)
+        if log is None:
+            return start
+        from fluvial.tiering.remote_segment import RemoteSegmentReader
+        reader = RemoteSegmentReader(cache_bytes=remote.READER_CACHE_BYTES)
+        store = remote.StoreCache(client.object_store_options).open(log.store)
+        try:
+            if start == "earliest":
+                first = log.log_start_offset
+            elif isinstance(start, dict) and "timestamp" in start:
+                first = remote.first_offset_at(reader, store, log, int(start["timestamp"]))
+                if first is None:
+                    return start  # the timestamp is past the remote data: the broker finds it
+            elif isinstance(start, int) and not isinstance(start, bool):
+                remote.check_start(log, start, self.table.name, bucket)
+                first = start
+            else:
+                return start  # the broker says what is wrong with it
+            if end is not None and (not isinstance(end, int) or end < first):
+                return first if isinstance(end, int) else start
+            stop_at = log.local_start_offset if end is None else min(end, log.local_start_offset)
+            if first >= stop_at:
+                return first
+            plan = remote.plan_remote(bucket, _plain_schema(self.table.schema), self.columns, self.filter,
+                                      _system_fields())
+            emit(("schema", plan.out_schema))
+            figures = remote.RemoteStats()
+            offset = first
+            for batch, offset in remote.read_remote(reader, store, log, plan, first, stop_at, figures,
+                                                    stop.is_set):
+                if batch is not None:
+                    emit(("batch", bucket, batch))
+            stats = ScanStats(batches_read=0, end_offset=offset, remote_segments=figures.segments,
+                              remote_batches_read=figures.batches_read,
+                              remote_batches_skipped=figures.batches_skipped, remote_rows_read=figures.rows_read,
+                              remote_rows_sent=figures.rows_sent, remote_bytes_read=store.stats.bytes_read)
+            emit(("stats", bucket, stats))
+            if end is not None and offset >= end:
+                return None
+            return offset
+        finally:
+            store.close()
 
     def _stream(self, follow: bool) -> Iterator[tuple]:
         """Events of all buckets read in parallel, each bucket's in its order."""
@@ -405,8 +525,14 @@ class Scan:
             if item[0] == "schema":
                 self.schema = item[1]
             elif item[0] == "stats":
-                self.bucket_stats[item[1]] = item[2]
-                self.stats.add(item[2])
+                bucket, stats = item[1], item[2]
+                before = self.bucket_stats.get(bucket)
+                if before is not None:  # the remote part's figures, then the broker's
+                    before.add(stats)
+                    before.end_offset = stats.end_offset
+                else:
+                    self.bucket_stats[bucket] = ScanStats(**vars(stats))
+                self.stats.add(stats)
             else:
                 yield item[1], item[2]
 

@@ -163,3 +163,9 @@ def read_columns(batch: pa.RecordBatch, fields: list[pa.Field]) -> pa.RecordBatc
     present = [n for n in schema.names if n in names]
     users = pa.schema([f for f in fields if not f.name.startswith("_")])
     return evolve(batch.select(present), users).select(names)
+
+
+def system_fields() -> dict[str, pa.Field]:
+    """The system columns a scan may name (`_offset`, `_timestamp`, ...), with their types."""
+    from fluvial.broker.flight.catalog import SYSTEM_FIELDS
+    return SYSTEM_FIELDS

@@ -107,6 +107,14 @@ class ScanStats:
     rows_sent: int = 0
     bytes_sent: int = 0
     end_offset: int = -1
+    # What the client read itself from remote segments in the object store (client-side
+    # stitching; the broker's figures above cover only what it served).
+    remote_segments: int = 0
+    remote_batches_read: int = 0
+    remote_batches_skipped: int = 0
+    remote_rows_read: int = 0
+    remote_rows_sent: int = 0
+    remote_bytes_read: int = 0
 
     def add(self, other: "ScanStats") -> None:
         self.batches_read += other.batches_read
@@ -114,6 +122,12 @@ class ScanStats:
         self.rows_read += other.rows_read
         self.rows_sent += other.rows_sent
         self.bytes_sent += other.bytes_sent
+        self.remote_segments += other.remote_segments
+        self.remote_batches_read += other.remote_batches_read
+        self.remote_batches_skipped += other.remote_batches_skipped
+        self.remote_rows_read += other.remote_rows_read
+        self.remote_rows_sent += other.remote_rows_sent
+        self.remote_bytes_read += other.remote_bytes_read
 
     def to_bytes(self) -> bytes:
         return json.dumps({"scan_stats": asdict(self)}).encode()
@@ -122,7 +136,10 @@ class ScanStats:
     def from_bytes(cls, data: bytes) -> "ScanStats | None":
         body = json.loads(data)
         stats = body.get("scan_stats") if isinstance(body, dict) else None
-        return cls(**stats) if stats is not None else None
+        if stats is None:
+            return None
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in stats.items() if k in known})
 
 
 @dataclass
