@@ -87,7 +87,11 @@ class Broker:
 
     def _flush_all(self) -> None:
         for bucket in self.tables.all_buckets():
-            bucket.tablet.flush()
+            try:
+                bucket.tablet.flush()
+            except Exception as exc:
+                # An offline bucket or a full disk: what is on disk is recovered on the next start.
+                log.error("flushing %s-%d at shutdown failed: %s", bucket.table.name, bucket.index, exc)
 
     async def _flush_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -626,11 +626,12 @@ def catch_up(tablet: KvTablet, bucket: Bucket) -> int:
 def _changelog_from(bucket: Bucket, offset: int) -> list[StoredBatch]:
     """Changelog batches from the one holding `offset`, about _REPLAY_CHUNK_BYTES of them."""
     log_tablet = bucket.tablet
+    # The KV tablet follows the whole log, fsynced or not (readers of the log do not).
     if offset >= log_tablet.log_start_offset:
-        return log_tablet.read(offset, _REPLAY_CHUNK_BYTES)
+        return log_tablet.read(offset, _REPLAY_CHUNK_BYTES, uncommitted=True)
     tiered = _remote_log(bucket)
     if tiered is None or offset < tiered.start:
-        return log_tablet.read(log_tablet.log_start_offset, _REPLAY_CHUNK_BYTES)
+        return log_tablet.read(log_tablet.log_start_offset, _REPLAY_CHUNK_BYTES, uncommitted=True)
     return tiered.read(offset, _REPLAY_CHUNK_BYTES)
 
 
@@ -984,6 +985,7 @@ def lookup(table: Table, keys: pa.Table | pa.RecordBatch | list[dict]) -> pa.Tab
     parts = []
     for b in np.unique(ids):
         sel = np.flatnonzero(ids == b)
+        table.buckets[int(b)].tablet.check_online()  # an offline bucket's KV may hold unacknowledged rows
         parts.append(pk.buckets[int(b)].tablet.lookup(keys.take(pa.array(sel))))
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
@@ -999,6 +1001,7 @@ def prefix_lookup(table: Table, prefixes: pa.Table | pa.RecordBatch | list[dict]
     parts = []
     for b in np.unique(ids):
         sel = np.flatnonzero(ids == b)
+        table.buckets[int(b)].tablet.check_online()  # an offline bucket's KV may hold unacknowledged rows
         parts.append(pk.buckets[int(b)].tablet.prefix_lookup(prefixes.take(pa.array(sel))))
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 

@@ -12,6 +12,7 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,32 +49,61 @@ def validate_table_name(name: str) -> None:
 class GroupCommit:
     """Shares one fsync among all appends waiting for durability of a bucket.
 
-    `wait_durable(offset)` returns once every record below `offset` is on disk. While a
-    flush runs, later waiters queue behind it and are covered by the next flush.
+    Under flush policy ``ack`` every append asks for a flush (`request`), whatever the
+    producer's acks: readers see only what is fsynced, so an append nobody waits for must
+    still become durable promptly. One flush runs at a time; appends arriving meanwhile are
+    covered together by the next one, which starts as soon as the running one ends.
+    `wait_durable(offset)` returns once every record below `offset` is on disk and raises
+    StorageError when the flush failed (the tablet is then offline).
     """
 
-    def __init__(self, tablet: LogTablet, executor: Executor):
+    def __init__(self, tablet: LogTablet, executor: Executor, on_durable: Callable[[], None] | None = None):
         self._tablet = tablet
         self._executor = executor
-        self.durable_offset = tablet.log_end_offset
+        self._on_durable = on_durable
+        self.durable_offset = tablet.flushed_offset
         self._running: asyncio.Future | None = None
+
+    def request(self) -> None:
+        """Make everything appended so far durable soon, without waiting for it."""
+        if self._running is None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return  # not on the event loop (tools, tests): the next wait_durable flushes
+            self._start()
+
+    def _start(self) -> None:
+        self._running = task = asyncio.ensure_future(self._flush())
+        # A failure is logged by the tablet and met by every waiter; nobody may be waiting.
+        task.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def wait_durable(self, offset: int) -> None:
         while self.durable_offset < offset:
+            self._tablet.check_online()
             if self._running is None:
-                self._running = asyncio.ensure_future(self._flush())
+                self._start()
             await asyncio.shield(self._running)
 
     async def _flush(self) -> None:
         # `_running` is cleared inside the task, before its waiters resume, so a waiter
         # never sees a finished flush as still running.
+        failed = True
         try:
             target = self._tablet.log_end_offset
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._executor, self._tablet.flush_up_to, target)
-            self.durable_offset = max(self.durable_offset, target)
+            failed = False
+            if target > self.durable_offset:
+                self.durable_offset = target
+                if self._on_durable is not None:
+                    self._on_durable()
         finally:
             self._running = None
+            if not failed and self._tablet.log_end_offset > self.durable_offset \
+                    and self._tablet.config.flush_policy is FlushPolicy.ACK:
+                # Appends that came in during this flush: the next group starts now.
+                self._start()
 
 
 class Bucket:
@@ -83,7 +113,7 @@ class Bucket:
         self.table = table
         self.index = index
         self.tablet = tablet
-        self.group_commit = GroupCommit(tablet, io_executor)
+        self.group_commit = GroupCommit(tablet, io_executor, self._wake_readers)
         self._data_arrived = asyncio.Event()
         tablet.start_leader_epoch(self.leader_epoch)
 
@@ -96,12 +126,21 @@ class Bucket:
 
     def append(self, records: pa.RecordBatch, meta: BatchMeta) -> BatchMeta:
         written = self.tablet.append(records, meta, leader_epoch=self.leader_epoch)
-        # Wake long-polling fetches, then arm a fresh event for the next ones.
-        self._data_arrived.set()
-        self._data_arrived = asyncio.Event()
+        if self.tablet.config.flush_policy is FlushPolicy.ACK:
+            # Readers see it once fsynced: the group commit wakes them then.
+            self.group_commit.request()
+        else:
+            self._wake_readers()
         return written
 
+    def _wake_readers(self) -> None:
+        # Wake long-polling fetches and follows, then arm a fresh event for the next ones.
+        self._data_arrived.set()
+        self._data_arrived = asyncio.Event()
+
     def data_arrived(self) -> asyncio.Event:
+        """Set when more records become visible to readers (appended, or under flush policy
+        ``ack`` made durable)."""
         return self._data_arrived
 
 

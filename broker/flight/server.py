@@ -63,7 +63,7 @@ class TableFlightServer(flight.FlightServerBase):
 
     def _wait_for_data(self, bucket: Bucket, offset: int) -> None:
         async def wait():
-            if bucket.tablet.log_end_offset > offset:
+            if bucket.tablet.high_watermark > offset:
                 return
             try:
                 await asyncio.wait_for(bucket.data_arrived().wait(), FOLLOW_WAKE_S)

@@ -143,9 +143,11 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
             if ahead is not None:
                 await ahead.settled(bucket.table.name, bucket.index)
             tablet = bucket.tablet
-            end = tablet.log_end_offset
+            tablet.check_online()
+            # Readers see up to the high watermark: under flush policy `ack`, the durable end.
+            end = tablet.high_watermark
             cached = None
-            if p.fetch_offset == end:
+            if end <= p.fetch_offset <= tablet.log_end_offset:
                 cached = [], 0
             elif tablet.log_start_offset <= p.fetch_offset < end and bucket.table.config(
                     "compression.type") == "producer" and pk_tables.kafka_view(bucket.table) is None:

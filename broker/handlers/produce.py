@@ -128,6 +128,9 @@ async def produce(ctx: RequestContext, request):
         records, meta = p.converted
         bucket = p.bucket
         try:
+            # An offline bucket answers every batch with KAFKA_STORAGE_ERROR, retries included:
+            # the duplicate answer would acknowledge data whose fsync failed.
+            bucket.tablet.check_online()
             if producer_state is not None and meta.producer_id >= 0:
                 duplicate = producer_state.check(bucket, meta)
                 if duplicate is not None:
@@ -136,7 +139,7 @@ async def produce(ctx: RequestContext, request):
                                                    log_start_offset=bucket.tablet.log_start_offset)
                     if acks == -1 and broker.config.flush_policy == "ack":
                         # The original may still be waiting for its fsync.
-                        durable_waits.append(bucket.group_commit.wait_durable(duplicate.last_offset + 1))
+                        durable_waits.append((p, bucket.group_commit.wait_durable(duplicate.last_offset + 1)))
                     continue
             pk = pk_tables.is_primary_key(bucket.table)
             if pk:
@@ -156,7 +159,7 @@ async def produce(ctx: RequestContext, request):
                                        log_append_time_ms=lat.get(p.topic, -1),
                                        log_start_offset=bucket.tablet.log_start_offset)
         if acks == -1 and broker.config.flush_policy == "ack":
-            durable_waits.append(bucket.group_commit.wait_durable(written.base_offset + written.record_count))
+            durable_waits.append((p, bucket.group_commit.wait_durable(written.base_offset + written.record_count)))
 
     if acks == 0:
         return None
@@ -170,14 +173,15 @@ async def produce(ctx: RequestContext, request):
         return response
 
     async def after_fsync():
-        try:
-            await asyncio.gather(*durable_waits)
-        except Exception:
-            log.exception("fsync failed; failing the produce")
-            for tr in response.responses:
-                for pr in tr.partition_responses:
-                    if pr.error_code == 0:
-                        pr.error_code, pr.base_offset = ErrorCode.KAFKA_STORAGE_ERROR, -1
+        # Each partition is answered by its own bucket's fsync: one failing disk or bucket
+        # does not fail the others' acknowledgements.
+        outcomes = await asyncio.gather(*(wait for _, wait in durable_waits), return_exceptions=True)
+        for (p, _), outcome in zip(durable_waits, outcomes):
+            if isinstance(outcome, BaseException):
+                code = outcome.code if isinstance(outcome, FluvialError) else ErrorCode.KAFKA_STORAGE_ERROR
+                log.error("produce to %s-%d not acknowledged: %s", p.topic, p.index, outcome)
+                p.response.error_code, p.response.base_offset = code, -1
+                p.response.error_message = str(outcome)
         return response
 
     return Deferred(after_fsync())

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fluvial.broker.log import sync_journal
+
 
 def fsync_directory(directory: Path) -> None:
     """Make file creations, renames and deletions in ``directory`` durable."""
@@ -12,6 +14,7 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    sync_journal.directory_synced(directory)
 
 
 def write_text_atomically(path: Path, text: str, *, durable: bool = True) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from fluvial.broker.log import sync_journal
 from fluvial.broker.log.batch_meta import BatchMeta
 from fluvial.broker.log.index import OffsetIndex, SparseIndex, TimeIndex
 from fluvial.broker.log.segment_format import (
@@ -27,6 +28,15 @@ DATA_SUFFIX = ".arrows"
 OFFSET_INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 _HEADER_CACHE_ENTRIES = 4096
+
+
+def _sync(fd: int, path: Path, sync) -> None:
+    if sync_journal.enabled():
+        size = os.fstat(fd).st_size  # what this fsync surely covers
+        sync(fd)
+        sync_journal.synced(path, size)
+    else:
+        sync(fd)
 
 
 def segment_name(base_offset: int) -> str:
@@ -76,6 +86,7 @@ class LogSegment:
         for index in (segment.offset_index, segment.time_index):
             index.create_empty()
         segment._fd = os.open(segment.data_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        sync_journal.created(segment.data_path)
         return segment
 
     @classmethod
@@ -181,6 +192,7 @@ class LogSegment:
             with open(self.data_path, "r+b") as f:
                 f.truncate(position)
                 os.fsync(f.fileno())
+            sync_journal.synced(self.data_path, position)
         self.offset_index.write_all()
         self.time_index.write_all()
         self.offset_index.write_through = self.time_index.write_through = True
@@ -239,14 +251,14 @@ class LogSegment:
         """
         with self._fd_lock:
             if self._fd is not None:
-                os.fdatasync(self._fd)
+                _sync(self._fd, self.data_path, os.fdatasync)
             elif not self.deleted:
                 try:
                     fd = os.open(self.data_path, os.O_RDONLY)
                 except FileNotFoundError:
                     return
                 try:
-                    os.fsync(fd)
+                    _sync(fd, self.data_path, os.fsync)
                 finally:
                     os.close(fd)
 

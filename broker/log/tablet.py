@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import bisect
+import logging
+import os
 import shutil
 import threading
 import time
@@ -26,6 +28,8 @@ OFFSET_FIELD = pa.field("_offset", pa.int64())
 TIMESTAMP_COLUMN = "_timestamp"
 LOG_START_CHECKPOINT = "log-start-offset.checkpoint"
 RECOVERY_POINT_CHECKPOINT = "recovery-point.checkpoint"
+
+log = logging.getLogger(__name__)
 LEADER_EPOCH_CHECKPOINT = "leader-epoch.checkpoint"
 
 
@@ -75,7 +79,11 @@ class LogTablet:
         self._flushed_offset = 0
         self._last_flush_ms = _now_ms()
         self._directory_dirty = False
+        # A bucket directory made by this open is durable only once its parent is synced.
+        self._parent_dirty = False
         self._closed = False
+        # Why the tablet is offline after a failed write or fsync; None while healthy.
+        self._failure: str | None = None
         self._schema_cache: tuple[pa.Schema, pa.Schema] | None = None
         self.leader_epochs: LeaderEpochCache
 
@@ -85,8 +93,10 @@ class LogTablet:
     def open(cls, directory: Path, config: LogConfig) -> LogTablet:
         """Load the bucket's segments, recovering any that may hold unflushed data."""
         directory = Path(directory)
+        fresh = not directory.exists()
         directory.mkdir(parents=True, exist_ok=True)
         tablet = cls(directory, config)
+        tablet._parent_dirty = fresh
         tablet._load()
         return tablet
 
@@ -169,8 +179,41 @@ class LogTablet:
 
     @property
     def high_watermark(self) -> int:
-        # A single replica: everything appended is committed.
+        """The end of what readers may see (Kafka's high watermark and last stable offset).
+
+        A single replica commits what it has written; under flush policy ``ack`` a record is
+        also committed only once it is fsynced, so nothing a reader saw can be taken back by
+        a power loss. Under ``interval`` and ``none`` readers see the log end, as in Kafka.
+        """
+        if self.config.flush_policy is FlushPolicy.ACK:
+            return self._flushed_offset
         return self.log_end_offset
+
+    # -- failures ---------------------------------------------------------------------------
+
+    @property
+    def failure(self) -> str | None:
+        """Why the tablet is offline (a write or fsync failed), or None."""
+        return self._failure
+
+    def check_online(self) -> None:
+        """Raise StorageError (KAFKA_STORAGE_ERROR) when the tablet is offline."""
+        if self._failure is not None:
+            raise StorageError(f"the log of {self.directory} is offline: {self._failure}")
+
+    def _fail(self, what: str, exc: OSError) -> StorageError:
+        """Take the tablet offline after a failed write or fsync and return the error to raise.
+
+        After a failed fsync the kernel may have dropped the dirty pages and marked them
+        clean, so a retried fsync would succeed without the data being on disk. Nothing
+        more is appended, flushed or read until a restart, whose recovery decides from the
+        files what is there.
+        """
+        if self._failure is None:
+            self._failure = f"{what} failed: {exc}"
+            log.critical("log tablet %s is OFFLINE: %s failed (%s); produce and fetch of this bucket are "
+                         "answered KAFKA_STORAGE_ERROR until a restart recovers it", self.directory, what, exc)
+        return StorageError(f"the log of {self.directory} is offline: {self._failure}")
 
     @property
     def size_bytes(self) -> int:
@@ -200,6 +243,7 @@ class LogTablet:
         stored_schema = self._stored_schema(records.schema)
         with self._write_lock:
             self._check_open()
+            self.check_online()
             base = self.log_end_offset
             records, filled = self._stamp(records, meta, base, now_ms, leader_epoch)
             offsets = pa.array(np.arange(base, base + count, dtype=np.int64))
@@ -224,7 +268,7 @@ class LogTablet:
                 else:
                     active.append(encoded, filled)
             except OSError as exc:
-                raise StorageError(f"cannot write to the log of {self.directory}: {exc}") from exc
+                raise self._fail("a write", exc) from exc
             latest = self.leader_epochs.latest_epoch
             if filled.partition_leader_epoch >= 0 and (latest is None or filled.partition_leader_epoch > latest):
                 self.leader_epochs.assign(filled.partition_leader_epoch, base)
@@ -298,20 +342,27 @@ class LogTablet:
         *,
         columns: list[str] | None = None,
         max_offset: int | None = None,
+        uncommitted: bool = False,
     ) -> list[StoredBatch]:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` (at least one).
 
         ``columns`` projects: the segments are memory-mapped and batches read zero-copy, so
         buffers of columns not asked for are never touched. Batches starting at or after
-        ``max_offset`` are not returned. Sizes count the (projected) column buffers.
+        ``max_offset`` are not returned, nor those past the high watermark unless
+        ``uncommitted`` (the broker's own replays: producer state, KV tablets). Sizes count
+        the (projected) column buffers.
         """
+        self.check_online()
         view = self._view
         log_start = self._log_start
+        visible = self.high_watermark
         end = view.segments[-1].state.next_offset if view.segments else self._empty_end
         if offset < log_start or offset > end:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is outside the log [{log_start}, {end}]"
             )
+        if not uncommitted:
+            end = min(end, visible)
         limit = end if max_offset is None else min(end, max_offset)
         result: list[StoredBatch] = []
         if offset >= limit:
@@ -371,9 +422,11 @@ class LogTablet:
                     yield header
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """ListOffsets: the earliest offset whose record timestamp is >= ``timestamp_ms``, with that timestamp."""
+        """ListOffsets: the earliest offset whose record timestamp is >= ``timestamp_ms``, with
+        that timestamp; only records below the high watermark count."""
         view = self._view
         log_start = self._log_start
+        visible = self.high_watermark
         for segment in view.segments:
             state = segment.state
             if state.max_timestamp < timestamp_ms or state.next_offset <= log_start:
@@ -386,6 +439,8 @@ class LogTablet:
                 timestamps, offsets = _timestamps_and_offsets(batch)
                 hits = np.flatnonzero((timestamps >= timestamp_ms) & (offsets >= log_start))
                 if len(hits):
+                    if offsets[hits[0]] >= visible:
+                        return None
                     return int(offsets[hits[0]]), int(timestamps[hits[0]])
         return None
 
@@ -424,9 +479,11 @@ class LogTablet:
 
         Blocking: the broker calls it off the event loop.
         """
+        self.check_online()
         if offset <= self._flushed_offset:
             return
         with self._flush_lock:
+            self.check_online()
             if offset <= self._flushed_offset:
                 return
             view = self._view
@@ -434,17 +491,26 @@ class LogTablet:
                 return
             target = view.segments[-1].state.next_offset
             pending = view.segments[view.index_of(self._flushed_offset):]
-            for segment in pending:
-                segment.flush()
-            if self._directory_dirty:
-                self._directory_dirty = False
-                fsync_directory(self.directory)
+            try:
+                for segment in pending:
+                    segment.flush()
+                if self._directory_dirty:
+                    self._directory_dirty = False
+                    fsync_directory(self.directory)
+                if self._parent_dirty:
+                    fsync_directory(self.directory.parent)
+                    self._parent_dirty = False
+            except OSError as exc:
+                raise self._fail("an fsync", exc) from exc
             self._flushed_offset = target
             self._last_flush_ms = _now_ms()
             if len(pending) > 1:
                 # Rolled segments are now durable: recovery may skip them. The checkpoint only
                 # bounds recovery work (a stale or lost one means more scanning), so no fsync.
-                self._recovery_checkpoint.write(target, durable=False)
+                try:
+                    self._recovery_checkpoint.write(target, durable=False)
+                except OSError as exc:
+                    log.warning("recovery point of %s not updated: %s", self.directory, exc)
 
     def flush(self) -> None:
         self.flush_up_to(self.log_end_offset)
@@ -456,7 +522,7 @@ class LogTablet:
 
     def maybe_flush(self, now_ms: int | None = None) -> bool:
         """For FlushPolicy.INTERVAL: flush when the interval has passed; the broker's ticker calls it."""
-        if self.config.flush_policy is not FlushPolicy.INTERVAL:
+        if self.config.flush_policy is not FlushPolicy.INTERVAL or self._failure is not None:
             return False
         now = _now_ms() if now_ms is None else now_ms
         if now - self._last_flush_ms < self.config.flush_interval_ms or self._flushed_offset >= self.log_end_offset:
@@ -535,8 +601,13 @@ class LogTablet:
             if self._closed:
                 return
             segments = self._view.segments
-            self.flush()
-            self._recovery_checkpoint.write(self.log_end_offset)
+            try:
+                if self._failure is None:
+                    self.flush()
+                    self._recovery_checkpoint.write(self.log_end_offset)
+            except (OSError, StorageError) as exc:
+                # A full or failing disk: the next open recovers from the files instead.
+                log.error("closing log tablet %s: %s; it will be recovered on the next start", self.directory, exc)
             for segment in segments:
                 segment.close_for_append()
             self._closed = True

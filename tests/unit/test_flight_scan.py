@@ -169,6 +169,7 @@ def bucket(tmp_path):
         records, meta = to_stored(table, pa.record_batch({"value": [f"v{k * 10 + i}".encode() for i in range(10)]}),
                                   -1)
         tablet.append(records, meta)
+    tablet.flush()  # under flush policy ack, scans see what is durable
     yield b
     tablet.close()
     executor.shutdown()
@@ -202,6 +203,7 @@ def test_a_filter_skips_the_batches_whose_bounds_cannot_match(tmp_path):
     try:
         for k in range(8):
             tablet.append(*to_stored(table, pa.record_batch({"n": pa.array(range(k * 100, k * 100 + 100))}), 0))
+        tablet.flush()
         plan = plan_scan(bucket, ScanRequest("n", 0, ["_offset"], filter=[["n", ">=", 350], ["n", "<", 420]]))
         stats = ScanStats()
         got = pa.Table.from_batches(list(scan_bucket(plan, stats)))

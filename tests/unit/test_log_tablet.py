@@ -239,7 +239,7 @@ def test_log_append_time_overrides_record_timestamps(tmp_path):
 
     assert written.attributes & ATTR_LOG_APPEND_TIME
     assert (written.base_timestamp, written.max_timestamp) == (123_456, 123_456)
-    [stored] = tablet.read(0, 1000, columns=["_timestamp"])
+    [stored] = tablet.read(0, 1000, columns=["_timestamp"], uncommitted=True)
     assert stored.batch.column(0).cast(pa.int64()).to_pylist() == [123_456] * 3
 
 
