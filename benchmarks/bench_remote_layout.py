@@ -50,6 +50,7 @@ def fill(path: Path, rows: int) -> LogTablet:
         names = list(system) + user.schema.names
         tablet.append(pa.RecordBatch.from_arrays([a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
                                                   for a in arrays], names=names), BatchMeta(-1, 0, 0, -1, -1))
+    tablet.flush()  # only durable data is tiered
     return tablet
 
 

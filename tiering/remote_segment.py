@@ -290,7 +290,13 @@ def remote_batch_statistics(store: ObjectStore, segment: RemoteSegment) -> list[
 
 
 def local_segment_batches(tablet, base_offset: int, next_offset: int) -> Iterator[tuple[StoredBatch, dict]]:
-    """The batches of one closed local segment with their column statistics (headers only)."""
+    """The batches of one closed local segment with their column statistics (headers only).
+
+    Only what readers may see is tiered: a segment reaching past the high watermark (under
+    flush policy ``ack``, not yet fsynced) is refused rather than uploaded short."""
+    if next_offset > tablet.high_watermark:
+        raise StorageError(f"segment [{base_offset}, {next_offset}) reaches past the high watermark "
+                           f"{tablet.high_watermark}: it is tiered once durable")
     stats = tablet.batch_statistics(base_offset)
     offset = base_offset
     while offset < next_offset:

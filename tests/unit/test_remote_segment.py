@@ -48,6 +48,7 @@ def fill_tablet(path, batches: int = 12, rows: int = 2000) -> LogTablet:
     for i in range(batches):
         tablet.append(wide_batch(rows, i), BatchMeta(-1, 0, 0, -1, -1, producer_id=40 + i, producer_epoch=1,
                                                        base_sequence=i * rows, attributes=2, schema_id=-1))
+    tablet.flush()  # only durable data is tiered
     return tablet
 
 
