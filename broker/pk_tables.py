@@ -17,6 +17,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -661,15 +662,20 @@ class WriteRows:
 async def write_rows(bucket: Bucket, rows: pa.RecordBatch, *, deletes: np.ndarray | None = None,
                      partial_columns: list[str] | None = None, meta: BatchMeta | None = None,
                      timestamps: np.ndarray | None = None, headers: pa.Array | None = None,
-                     check_bucket: bool = True) -> BatchMeta:
+                     check_bucket: bool = True, on_append: Callable[[BatchMeta], None] | None = None
+                     ) -> BatchMeta:
     """Upsert/delete rows of one bucket: merge (off the loop when large), append the
     changelog to the log tablet, then apply to RocksDB. Returns the changelog's meta
-    (record_count 0 when nothing changed). Raises InvalidRecordError; then nothing is written."""
+    (record_count 0 when nothing changed). Raises InvalidRecordError; then nothing is written.
+    `on_append(meta)` runs right after the append (or the decision that nothing changed),
+    before anything else on the loop: the idempotent-producer state is recorded there."""
     pk = _state(bucket.table)
     kv = pk.buckets[bucket.index]
     async with kv.lock:
         write, stored = await _prepare(pk, bucket, rows, deletes, partial_columns, timestamps, headers, check_bucket)
         written, apply = _append(pk, bucket, write, stored, meta)
+        if on_append is not None:
+            on_append(written)
         if apply is not None:
             await apply
         return written
@@ -697,23 +703,24 @@ def _append(pk: PkTable, bucket: Bucket, write, stored: pa.RecordBatch | None, m
     """Append a prepared changelog (on the loop: the commit point), and start applying it to
     RocksDB: (written meta, awaitable of the apply or None when done or nothing to do)."""
     kv = pk.buckets[bucket.index]
+    # The changelog has m rows for the producer's n records (-U/+U per update, none for a
+    # no-op): the batch keeps the producer's own sequence span, so that producer state
+    # rebuilt from the log recognises an identical retry after a restart.
+    produced = meta.record_count if meta is not None and meta.producer_id >= 0 else -1
     if stored is None:
         end = bucket.tablet.log_end_offset
-        return BatchMeta(base_offset=end, last_offset_delta=-1, record_count=0,
-                         base_timestamp=-1, max_timestamp=-1), None
+        noop = BatchMeta(base_offset=end, last_offset_delta=-1, record_count=0, base_timestamp=-1, max_timestamp=-1)
+        if produced >= 0:
+            noop = dataclasses.replace(noop, producer_id=meta.producer_id, producer_epoch=meta.producer_epoch,
+                                       base_sequence=meta.base_sequence, producer_record_count=produced)
+        return noop, None
     ts = stored.column("_timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)
     m = stored.num_rows
     base = meta or BatchMeta(base_offset=-1, last_offset_delta=0, record_count=0, base_timestamp=0,
                              max_timestamp=0)
-    base_sequence = base.base_sequence
-    if base.producer_id >= 0 and base_sequence >= 0:
-        # The changelog has m rows for the producer's n records: stored so that the batch's
-        # last sequence is still the producer's, which is what a producer state rebuilt
-        # from the log after a restart expects the next batch to follow.
-        base_sequence = (base_sequence + base.last_offset_delta - (m - 1)) % (1 << 31)
     out_meta = dataclasses.replace(base, base_offset=-1, last_offset_delta=m - 1, record_count=m,
                                    base_timestamp=int(ts.min()), max_timestamp=int(ts.max()),
-                                   base_sequence=base_sequence,
+                                   producer_record_count=produced if produced != m else -1,
                                    schema_id=pk.schema_id if pk.table.value_format.name == "avro" else base.schema_id)
     written = bucket.append(stored, out_meta)
 
@@ -890,10 +897,12 @@ def to_write(bucket: Bucket, wire: memoryview, header: BatchHeader, *,
     return WriteRows(rows, tombstone if tombstone.any() else None, None, ts, cols.headers), meta
 
 
-async def produce(bucket: Bucket, write: WriteRows, meta: BatchMeta) -> BatchMeta:
+async def produce(bucket: Bucket, write: WriteRows, meta: BatchMeta,
+                  on_append: Callable[[BatchMeta], None] | None = None) -> BatchMeta:
     """Produce path: write what `to_write` decoded (the bucket was checked there)."""
     return await write_rows(bucket, write.rows, deletes=write.deletes, partial_columns=write.partial_columns,
-                            meta=meta, timestamps=write.timestamps, headers=write.headers, check_bucket=False)
+                            meta=meta, timestamps=write.timestamps, headers=write.headers, check_bucket=False,
+                            on_append=on_append)
 
 
 # ---------------------------------------------------------------- the Kafka fetch views
@@ -1087,10 +1096,3 @@ async def stop_pk_tables(broker) -> None:
     _SERVICE.pop("service", None)
 
 
-def sequence_meta(written: BatchMeta, produced: BatchMeta) -> BatchMeta:
-    """What the idempotent-producer state records for a produce to a primary-key table: the
-    changelog's base offset with the producer's own sequence span (its record count, not
-    the changelog's row count, which differs)."""
-    return dataclasses.replace(written, base_sequence=produced.base_sequence,
-                               last_offset_delta=produced.last_offset_delta, record_count=produced.record_count,
-                               producer_id=produced.producer_id, producer_epoch=produced.producer_epoch)

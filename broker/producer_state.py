@@ -12,6 +12,7 @@ per bucket and is what the produce path calls.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import struct
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 import crc32c
 
 from fluvial.broker.log import BatchMeta
+from fluvial.broker.log.checkpoint import fsync_directory
 from fluvial.broker.metadata import MetadataStore
 from fluvial.errors import FluvialError, OutOfOrderSequenceError, ProducerFencedError
 from fluvial.protocol.errors import ErrorCode
@@ -43,7 +45,11 @@ NO_SEQUENCE = -1
 # Kafka keeps this many batches per producer for duplicate detection; clients cap
 # max.in.flight.requests.per.connection at the same number when idempotent.
 BATCHES_KEPT = 5
-SNAPSHOT_FILE = "producer-state.snapshot"
+SNAPSHOT_SUFFIX = ".snapshot"
+# Written by earlier versions (one file per bucket); still read when no newer snapshot exists.
+LEGACY_SNAPSHOT_FILE = "producer-state.snapshot"
+# Snapshots kept per bucket: the newest, and fallbacks should it be unusable.
+SNAPSHOTS_KEPT = 2
 
 
 def last_sequence(base_sequence: int, last_offset_delta: int) -> int:
@@ -100,6 +106,9 @@ class ProducerStateManager:
         self.next_offset = 0
         # Changed since the last snapshot was taken.
         self.dirty = False
+        self._version = 0           # of the newest prepared snapshot (event loop)
+        self._written_version = 0   # of the newest written one (I/O threads, under the lock)
+        self._write_lock = threading.Lock()
 
     # -- the produce path -------------------------------------------------------------
 
@@ -144,7 +153,7 @@ class ProducerStateManager:
 
     def check_meta(self, meta: BatchMeta) -> Duplicate | None:
         return self.check(meta.producer_id, meta.producer_epoch, meta.base_sequence,
-                          last_sequence(meta.base_sequence, meta.last_offset_delta))
+                          last_sequence(meta.base_sequence, meta.last_sequence_delta))
 
     def apply(self, meta: BatchMeta, now_ms: int | None = None) -> None:
         """Take an appended (or replayed) batch into the state.
@@ -156,7 +165,7 @@ class ProducerStateManager:
             self.next_offset = max(self.next_offset, meta.next_offset)
             return
         self.update(meta.producer_id, meta.producer_epoch, meta.base_sequence,
-                    last_sequence(meta.base_sequence, meta.last_offset_delta),
+                    last_sequence(meta.base_sequence, meta.last_sequence_delta),
                     meta.base_offset, meta.last_offset, meta.max_timestamp if now_ms is None else now_ms)
 
     def rebuild(self, metas: Iterable[BatchMeta], now_ms: int | None = None) -> int:
@@ -231,76 +240,157 @@ class ProducerStateManager:
             raise ValueError("trailing bytes in producer state snapshot")
         return next_offset, producers
 
-    def write_snapshot(self, data: bytes | None = None) -> None:
-        """Write the state atomically (temp file, fsync, rename) into the bucket's directory."""
+    def prepare_snapshot(self) -> PreparedSnapshot:
+        """Encode the state as it is now (on the event loop, where it changes)."""
+        self._version += 1
+        self.dirty = False
+        return PreparedSnapshot(self, self.next_offset, self._version, self.encode_snapshot())
+
+    def write_snapshot(self, prepared: PreparedSnapshot | None = None) -> bool:
+        """Write a snapshot atomically (temp file, fsync, rename, directory fsync) as
+        `<next offset>.snapshot`, then drop all but the newest few. Blocking: run it in an
+        I/O thread. A snapshot older than one already written is skipped; returns whether
+        this one was written."""
         if self.directory is None:
-            return
-        path = self.directory / SNAPSHOT_FILE
-        tmp = path.with_name(path.name + ".tmp")
-        if data is None:
-            data = self.encode_snapshot()
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            return False
+        if prepared is None:
+            prepared = self.prepare_snapshot()
+        with self._write_lock:
+            if prepared.version <= self._written_version:
+                return False
+            path = snapshot_path(self.directory, prepared.next_offset)
+            tmp = path.with_name(path.name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(prepared.data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fsync_directory(self.directory)
+            self._written_version = prepared.version
+            # Older snapshots are only a fallback for a newer one that turns out unusable.
+            for offset, old in list_snapshots(self.directory)[:-SNAPSHOTS_KEPT]:
+                old.unlink(missing_ok=True)
+            (self.directory / LEGACY_SNAPSHOT_FILE).unlink(missing_ok=True)
+            return True
 
     def load_snapshot(self, log_start_offset: int, log_end_offset: int) -> bool:
-        """Load the snapshot if it is usable for a log spanning [start, end)."""
+        """Load the newest usable snapshot for a log spanning [start, end)."""
         if self.directory is None:
             return False
-        path = self.directory / SNAPSHOT_FILE
-        try:
-            next_offset, producers = self.decode_snapshot(path.read_bytes())
-        except FileNotFoundError:
-            return False
-        except (ValueError, struct.error) as exc:
-            log.warning("ignoring producer state snapshot %s: %s", path, exc)
-            return False
-        if next_offset > log_end_offset:
-            # The log lost its tail (unflushed data after a crash): the snapshot saw
-            # batches that are gone, so rebuild from the log instead.
-            return False
-        self.producers = producers
-        self.next_offset = max(next_offset, log_start_offset)
-        self.truncate_before(log_start_offset)
-        return True
+        candidates = [path for _, path in list_snapshots(self.directory)]
+        candidates.insert(0, self.directory / LEGACY_SNAPSHOT_FILE)
+        for path in reversed(candidates):
+            try:
+                next_offset, producers = self.decode_snapshot(path.read_bytes())
+            except FileNotFoundError:
+                continue
+            except (ValueError, struct.error) as exc:
+                log.warning("ignoring producer state snapshot %s: %s", path, exc)
+                continue
+            if next_offset > log_end_offset:
+                # The log lost its tail (unflushed data after a power loss): the snapshot saw
+                # batches that are gone. An older snapshot, or the log, is the truth.
+                log.warning("ignoring producer state snapshot %s: it covers offsets up to %d, the log ends at %d",
+                            path, next_offset, log_end_offset)
+                path.unlink(missing_ok=True)
+                continue
+            self.producers = producers
+            self.next_offset = max(next_offset, log_start_offset)
+            self.truncate_before(log_start_offset)
+            return True
+        return False
 
 
-def tablet_batch_metas(tablet, from_offset: int, chunk_bytes: int = 64 << 20) -> Iterator[BatchMeta]:
-    """Batch metadata of a log tablet from an offset to its end, reading no user columns."""
+@dataclass(frozen=True, slots=True)
+class PreparedSnapshot:
+    """A producer state encoded on the event loop, to be written by an I/O thread."""
+
+    manager: ProducerStateManager
+    next_offset: int
+    version: int
+    data: bytes
+
+
+def snapshot_path(directory: Path, offset: int) -> Path:
+    """Kafka's name: the offset the state covers up to, 20 digits, `.snapshot`."""
+    return directory / f"{offset:020d}{SNAPSHOT_SUFFIX}"
+
+
+def list_snapshots(directory: Path) -> list[tuple[int, Path]]:
+    """The bucket's producer state snapshots, oldest first."""
+    found = []
+    for path in directory.glob("*" + SNAPSHOT_SUFFIX):
+        stem = path.name[: -len(SNAPSHOT_SUFFIX)]
+        if stem.isdigit():
+            found.append((int(stem), path))
+    return sorted(found)
+
+
+def tablet_batch_metas(tablet, from_offset: int) -> Iterator[BatchMeta]:
+    """Batch metadata of a log tablet from an offset to its end, from batch headers only."""
     offset = max(from_offset, tablet.log_start_offset)
-    while offset < tablet.log_end_offset:
-        batches = tablet.read(offset, chunk_bytes, columns=["_offset"])
-        if not batches:
-            return
-        for stored in batches:
-            yield stored.meta
-        offset = batches[-1].meta.next_offset
+    if offset >= tablet.log_end_offset:
+        return iter(())
+    return tablet.batch_metas(offset)
 
 
 class ProducerStateRegistry:
-    """Producer state of every bucket, loaded when a bucket is first produced to.
+    """Producer state of every bucket.
 
     The produce path calls `check(bucket, meta)` before appending an idempotent batch
-    and `record(bucket, written)` after; both run on the event loop with no await in
-    between, so a producer's batches to one bucket are checked and recorded in order.
+    and `record(bucket, written)` right after the append, with no await in between, so a
+    producer's batches to one bucket are checked and recorded in order and the state
+    always covers the log end. Each loaded bucket's state is snapshotted when its log
+    rolls a segment (as Kafka does), periodically, after a write that appended nothing
+    (a primary-key no-op, which leaves no trace in the log) and on stop; a restart reads
+    the newest snapshot and replays only the batch headers after it.
     """
 
-    def __init__(self, expiration_ms: int = 24 * 3600 * 1000):
+    def __init__(self, expiration_ms: int = 24 * 3600 * 1000, *, io_executor=None,
+                 loop: asyncio.AbstractEventLoop | None = None):
         self.expiration_ms = expiration_ms  # producer.id.expiration.ms
         self._managers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._io_executor = io_executor
+        self._loop = loop
+        self._lock = threading.Lock()  # loading happens on I/O threads at startup
 
     def manager(self, bucket: "Bucket") -> ProducerStateManager:
         manager = self._managers.get(bucket)
         if manager is None:
-            manager = self._managers[bucket] = self.load(bucket)
+            loaded = self.load(bucket)
+            with self._lock:
+                manager = self._managers.get(bucket)
+                if manager is None:
+                    manager = self._managers[bucket] = loaded
+                    self._watch_rolls(bucket)
         return manager
+
+    def _watch_rolls(self, bucket: "Bucket") -> None:
+        listeners = getattr(bucket.tablet, "roll_listeners", None)
+        if self._loop is None or listeners is None:
+            return
+        ref = weakref.ref(bucket)
+        loop = self._loop
+
+        def rolled(base_offset: int) -> None:
+            # Called by the appending thread under the tablet's lock: the snapshot is taken
+            # on the loop once this append (and its record()) is done.
+            loop.call_soon_threadsafe(self._snapshot_after_roll, ref)
+
+        listeners.append(rolled)
+
+    def _snapshot_after_roll(self, ref) -> None:
+        bucket = ref()
+        if bucket is None or bucket not in self._managers:
+            return
+        prepared = self._prepare(bucket, self._managers[bucket], int(time.time() * 1000))
+        future = self._loop.run_in_executor(self._io_executor, self.write_snapshots, [prepared])
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def snapshot_now(self, bucket: "Bucket") -> None:
+        """Write the bucket's state before going on (a write the log holds no trace of)."""
+        prepared = self._prepare(bucket, self.manager(bucket), int(time.time() * 1000))
+        await asyncio.get_running_loop().run_in_executor(self._io_executor, self.write_snapshots, [prepared])
 
     @staticmethod
     def load(bucket: "Bucket") -> ProducerStateManager:
@@ -311,6 +401,7 @@ class ProducerStateRegistry:
         if not manager.load_snapshot(start, end):
             manager.next_offset = start
         replayed = manager.rebuild(tablet_batch_metas(tablet, manager.next_offset), int(time.time() * 1000))
+        manager.next_offset = max(manager.next_offset, end)
         if replayed:
             log.info("rebuilt producer state of %s from %d batches", tablet.directory.name, replayed)
         return manager
@@ -323,8 +414,16 @@ class ProducerStateRegistry:
     def record(self, bucket: "Bucket", written: BatchMeta) -> None:
         self.manager(bucket).apply(written, int(time.time() * 1000))
 
+    def _prepare(self, bucket: "Bucket", manager: ProducerStateManager, now: int) -> PreparedSnapshot:
+        manager.remove_expired(now, self.expiration_ms)
+        manager.truncate_before(bucket.tablet.log_start_offset)
+        # Every idempotent append is recorded right after it, with no await in between:
+        # the state covers the log end.
+        manager.next_offset = max(manager.next_offset, bucket.tablet.log_end_offset)
+        return manager.prepare_snapshot()
+
     def prepare_snapshots(self, now_ms: int | None = None, *, only_changed: bool = False
-                          ) -> list[tuple[ProducerStateManager, bytes]]:
+                          ) -> list[PreparedSnapshot]:
         """Expire silent producers and encode every loaded bucket's state (on the loop,
         where appends happen, so each snapshot covers exactly the log end it names)."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
@@ -332,26 +431,20 @@ class ProducerStateRegistry:
         for bucket, manager in list(self._managers.items()):
             if only_changed and not manager.dirty:
                 continue
-            manager.dirty = False
-            manager.remove_expired(now, self.expiration_ms)
-            manager.truncate_before(bucket.tablet.log_start_offset)
-            # Every idempotent append went through record(), so the state covers the log end.
-            manager.next_offset = max(manager.next_offset, bucket.tablet.log_end_offset)
-            out.append((manager, manager.encode_snapshot()))
+            out.append(self._prepare(bucket, manager, now))
         return out
 
     @staticmethod
-    def write_snapshots(prepared: list[tuple[ProducerStateManager, bytes]]) -> int:
+    def write_snapshots(prepared: list[PreparedSnapshot]) -> int:
         """Write encoded snapshots (blocking: run it in an I/O thread)."""
         n = 0
-        for manager, data in prepared:
+        for snapshot in prepared:
             try:
-                manager.write_snapshot(data)
-                n += 1
+                n += snapshot.manager.write_snapshot(snapshot)
             except FileNotFoundError:
                 pass  # the bucket was deleted meanwhile
             except OSError:
-                log.exception("cannot snapshot producer state in %s", manager.directory)
+                log.exception("cannot snapshot producer state in %s", snapshot.manager.directory)
         return n
 
 

@@ -142,12 +142,21 @@ async def produce(ctx: RequestContext, request):
                         durable_waits.append((p, bucket.group_commit.wait_durable(duplicate.last_offset + 1)))
                     continue
             pk = pk_tables.is_primary_key(bucket.table)
+            idempotent = producer_state is not None and meta.producer_id >= 0
             if pk:
-                written = await pk_tables.produce(bucket, records, meta)
+                # Recorded right at the append (before RocksDB is updated): a producer-state
+                # snapshot taken meanwhile must not claim a log end its state lacks. The
+                # meta keeps the producer's sequence span beside the changelog's offsets.
+                on_append = (lambda w, b=bucket: producer_state.record(b, w)) if idempotent else None
+                written = await pk_tables.produce(bucket, records, meta, on_append)
+                if idempotent and written.record_count == 0:
+                    # Nothing changed, so the log holds no trace of this batch: its sequences
+                    # are made durable in a snapshot before the answer.
+                    await producer_state.snapshot_now(bucket)
             else:
                 written = bucket.append(records, meta)
-            if producer_state is not None and meta.producer_id >= 0:
-                producer_state.record(bucket, pk_tables.sequence_meta(written, meta) if pk else written)
+                if idempotent:
+                    producer_state.record(bucket, written)
         except FluvialError as exc:
             p.response = _error(p.index, exc)
             continue

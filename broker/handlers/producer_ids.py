@@ -20,8 +20,8 @@ SNAPSHOT_INTERVAL_S = 60.0
 @on_start
 async def start_producer_state(broker) -> None:
     broker.extensions["producer_ids"] = ProducerIdManager(broker.store)
-    registry = ProducerStateRegistry()
     loop = asyncio.get_running_loop()
+    registry = ProducerStateRegistry(io_executor=broker.io_executor, loop=loop)
     # Load every bucket's state before the listener opens: a snapshot read plus a replay
     # of the batch metadata after it, off the event loop.
     buckets = list(broker.tables.all_buckets())

@@ -26,6 +26,9 @@ _FIELDS = (
     "partition_leader_epoch",
     "schema_id",
 )
+# Appended fields (encoding version 1 allows more fields after the known ones): written
+# only when they differ from their defaults, so batches without them keep their bytes.
+_OPTIONAL_FIELDS = ("producer_record_count",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,10 @@ class BatchMeta:
     attributes: int = 0
     partition_leader_epoch: int = 0
     schema_id: int = -1
+    # How many records (sequence numbers) the producer's batch held, when the stored rows
+    # differ from them: a primary-key table stores the batch's changelog (-U/+U for an
+    # update, nothing for a no-op), not the records sent. -1: the same as record_count.
+    producer_record_count: int = -1
 
     @property
     def last_offset(self) -> int:
@@ -51,6 +58,12 @@ class BatchMeta:
     @property
     def next_offset(self) -> int:
         return self.last_offset + 1
+
+    @property
+    def last_sequence_delta(self) -> int:
+        """The producer's last sequence minus its base sequence (sequences wrap at 2**31)."""
+        n = self.record_count if self.producer_record_count < 0 else self.producer_record_count
+        return n - 1
 
     @property
     def compression_codec(self) -> int:
@@ -70,8 +83,11 @@ class BatchMeta:
 
     def encode(self) -> bytes:
         """ASCII form kept in the IPC message's custom metadata (readable by any Arrow tool)."""
-        values = (getattr(self, name) for name in _FIELDS)
-        return ";".join((_ENCODING_VERSION, *map(str, values))).encode("ascii")
+        values = [getattr(self, name) for name in _FIELDS]
+        optional = [getattr(self, name) for name in _OPTIONAL_FIELDS]
+        while optional and optional[-1] == -1:
+            optional.pop()
+        return ";".join((_ENCODING_VERSION, *map(str, values + optional))).encode("ascii")
 
     @classmethod
     def decode(cls, data: bytes) -> BatchMeta:
@@ -79,7 +95,7 @@ class BatchMeta:
         if parts[0] != _ENCODING_VERSION.encode() or len(parts) < len(_FIELDS) + 1:
             raise ValueError(f"unknown batch metadata encoding {bytes(data[:16])!r}")
         # Later versions may append fields; the known prefix keeps its meaning.
-        return cls(*map(int, parts[1 : len(_FIELDS) + 1]))
+        return cls(*map(int, parts[1 : len(_FIELDS) + len(_OPTIONAL_FIELDS) + 1]))
 
 
 @dataclass(frozen=True, slots=True)

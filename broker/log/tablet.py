@@ -86,6 +86,9 @@ class LogTablet:
         self._failure: str | None = None
         self._schema_cache: tuple[pa.Schema, pa.Schema] | None = None
         self.leader_epochs: LeaderEpochCache
+        # Called with the new segment's base offset after each roll, by the appending thread
+        # under the write lock: must be quick and must not raise (e.g. producer-state snapshots).
+        self.roll_listeners: list = []
 
     # -- opening and recovery -------------------------------------------------------------
 
@@ -265,6 +268,8 @@ class LogTablet:
                     # Closed only now, so a failed roll leaves the old segment writable.
                     if active is not None:
                         active.close_for_append()
+                        for listener in self.roll_listeners:
+                            listener(base)
                 else:
                     active.append(encoded, filled)
             except OSError as exc:
@@ -295,6 +300,7 @@ class LogTablet:
             base, count - 1, count, base_timestamp, max_timestamp, meta.producer_id, meta.producer_epoch,
             meta.base_sequence, attributes,
             meta.partition_leader_epoch if leader_epoch is None else leader_epoch, meta.schema_id,
+            meta.producer_record_count,
         )
         return records, filled
 

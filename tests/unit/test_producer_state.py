@@ -1,6 +1,9 @@
 """Idempotent producer state: sequence checks, duplicates, epochs, snapshots, rebuild, ids."""
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -9,8 +12,8 @@ from hypothesis import strategies as st
 from fluvial.broker.log import BatchMeta, LogConfig, LogTablet
 from fluvial.broker.metadata import MetadataStore
 from fluvial.broker.producer_state import (
-    INT32_MAX, SNAPSHOT_FILE, Duplicate, ProducerIdManager, ProducerStateManager, ProducerStateRegistry,
-    last_sequence,
+    INT32_MAX, Duplicate, ProducerIdManager, ProducerStateManager, ProducerStateRegistry,
+    last_sequence, list_snapshots,
 )
 from fluvial.errors import FluvialError, OutOfOrderSequenceError, ProducerFencedError
 from fluvial.protocol.errors import ErrorCode
@@ -143,8 +146,8 @@ def test_corrupt_snapshot_is_refused():
 class BucketOnDisk:
     """The part of a broker bucket the registry uses: its log tablet."""
 
-    def __init__(self, directory):
-        self.tablet = LogTablet.open(directory, LogConfig())
+    def __init__(self, directory, config: LogConfig | None = None):
+        self.tablet = LogTablet.open(directory, config or LogConfig())
 
 
 def rows(n: int) -> pa.RecordBatch:
@@ -174,7 +177,7 @@ def test_state_survives_reopen_from_snapshot_or_log(tmp_path, with_snapshot):
     produce(registry, bucket, 0, 0, 4, pid=77)
     if with_snapshot:
         ProducerStateRegistry.write_snapshots(registry.prepare_snapshots())
-        assert (tmp_path / "t-0" / SNAPSHOT_FILE).exists()
+        assert [o for o, _ in list_snapshots(tmp_path / "t-0")] == [bucket.tablet.log_end_offset]
         # Appends after the snapshot are replayed from the log on reopen.
         offsets.append(produce(registry, bucket, 0, 60, 10))
     bucket.tablet.close()
@@ -207,6 +210,78 @@ def test_snapshot_ahead_of_a_truncated_log_is_ignored(tmp_path):
     loaded = ProducerStateRegistry.load(reopened)
     assert loaded.next_offset == 5 and loaded.check(PID, 0, 0, 4) == Duplicate(0, 4)
     reopened.tablet.close()
+
+
+def test_snapshot_at_segment_roll_bounds_the_replay(tmp_path, caplog):
+    """Each roll snapshots the state (on the loop, written by an I/O thread); reopening after
+    a crash replays only the batches after the newest snapshot."""
+    config = LogConfig(segment_bytes=4096)
+
+    async def write():
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1) as io:
+            registry = ProducerStateRegistry(io_executor=io, loop=loop)
+            bucket = BucketOnDisk(tmp_path / "t-0", config)
+            seq = 0
+            while len(bucket.tablet.segment_infos()) < 4:
+                produce(registry, bucket, 0, seq, 20)
+                seq += 20
+                await asyncio.sleep(0)  # the roll's snapshot is taken on the loop
+            produce(registry, bucket, 0, 0, 20, pid=PID + 1)  # after the last roll
+            for _ in range(1000):  # the I/O thread writes it; a busy machine may take a while
+                await asyncio.sleep(0.01)
+                if list_snapshots(tmp_path / "t-0")[-1][0] >= bucket.tablet.segment_infos()[-1].base_offset:
+                    break
+            return bucket, seq
+
+    bucket, seq = asyncio.run(write())
+    active = bucket.tablet.segment_infos()[-1]
+    snapshots = list_snapshots(tmp_path / "t-0")
+    assert len(snapshots) == 2, "only the newest snapshots are kept"
+    assert active.base_offset <= snapshots[-1][0] < active.next_offset
+    # kill -9: no close, no snapshot at stop.
+    reopened = BucketOnDisk(tmp_path / "t-0", config)
+    with caplog.at_level("INFO", logger="fluvial.broker.producer_state"):
+        manager = ProducerStateRegistry.load(reopened)
+    replayed = [r.getMessage() for r in caplog.records if "rebuilt producer state" in r.getMessage()]
+    assert replayed and int(replayed[0].split()[-2]) <= 2, replayed
+    assert manager.check(PID, 0, seq - 20, seq - 1) is not None   # the last batch before it
+    assert manager.check(PID + 1, 0, 0, 19) is not None           # replayed from the log
+    assert manager.check(PID, 0, seq, seq) is None                # in sequence
+
+
+def test_stale_snapshot_past_the_log_end_falls_back_to_an_older_one(tmp_path):
+    bucket = BucketOnDisk(tmp_path / "t-0")
+    registry = ProducerStateRegistry()
+    produce(registry, bucket, 0, 0, 5)
+    manager = registry.manager(bucket)
+    manager.write_snapshot()
+    produce(registry, bucket, 0, 5, 5)
+    manager.next_offset = 1_000  # e.g. the log lost its unflushed tail after a power loss
+    manager.write_snapshot()
+    assert [o for o, _ in list_snapshots(tmp_path / "t-0")] == [5, 1_000]
+    bucket.tablet.close()
+    loaded = ProducerStateRegistry.load(BucketOnDisk(tmp_path / "t-0"))
+    assert loaded.check(PID, 0, 5, 9) == Duplicate(5, 9) and loaded.check(PID, 0, 0, 4) == Duplicate(0, 4)
+    assert [o for o, _ in list_snapshots(tmp_path / "t-0")] == [5]
+
+
+def test_pk_changelog_meta_keeps_the_producers_sequence_span():
+    """A primary-key batch stores m changelog rows for the producer's n records."""
+    s = ProducerStateManager()
+    written = BatchMeta(base_offset=10, last_offset_delta=34, record_count=35, base_timestamp=1, max_timestamp=1,
+                        producer_id=PID, producer_epoch=0, base_sequence=20, producer_record_count=20)
+    assert BatchMeta.decode(written.encode()) == written
+    s.apply(written)
+    assert s.check(PID, 0, 20, 39) == Duplicate(10, 44)
+    assert s.check(PID, 0, 40, 40) is None
+    noop = BatchMeta(base_offset=45, last_offset_delta=-1, record_count=0, base_timestamp=-1, max_timestamp=-1,
+                     producer_id=PID, producer_epoch=0, base_sequence=40, producer_record_count=5)
+    s.apply(noop)
+    assert s.check(PID, 0, 40, 44) == Duplicate(45, 44)
+    assert s.check(PID, 0, 45, 45) is None
+    plain = BatchMeta(0, 2, 3, 1, 1, PID, 0, 0)
+    assert b";".join(plain.encode().split(b";")[:12]) == plain.encode(), "no optional field when unused"
 
 
 def test_silent_producers_expire():
