@@ -59,6 +59,7 @@ class Broker:
         return cid
 
     async def start(self) -> None:
+        raise_open_files_limit()
         self.tables.open_all()
         for hook in _START_HOOKS:
             await hook(self)
@@ -113,6 +114,33 @@ class Broker:
                     await loop.run_in_executor(self.io_executor, bucket.tablet.enforce_retention, now)
                 except Exception:
                     log.exception("retention of %s-%d failed", bucket.table.name, bucket.index)
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft limit of open files to the hard limit; returns the new soft limit.
+
+    Every connection and every segment, index and KV file is a file descriptor; the usual
+    soft limit of 1,024 would refuse clients long before memory or CPU run out.
+    """
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open files limit from %d to %d: %s", soft, hard, exc)
+    elif hard == resource.RLIM_INFINITY and soft < 1 << 20:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (1 << 20, hard))
+            soft = 1 << 20
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open files limit from %d: %s", soft, exc)
+    log.info("open files limit: %d", soft)
+    return soft
 
 
 # Young-generation size: requests allocate many short-lived message objects; collecting

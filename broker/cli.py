@@ -44,6 +44,8 @@ def add_broker_parser(sub) -> None:
     p.add_argument("--auto-create-topics", choices=["true", "false"], default="true")
     p.add_argument("--default-partitions", type=int, default=d.default_partitions)
     p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes)
+    p.add_argument("--connections-max-idle-ms", type=int, default=d.connections_max_idle_ms,
+                   help="close connections idle for this long (Kafka's connections.max.idle.ms)")
     p.add_argument("--flush-policy", choices=["ack", "interval", "none"], default=d.flush_policy,
                    help="ack: acks=all produce is fsynced before acknowledged (default); interval: every "
                         "--flush-interval-ms; none: left to the OS, like Kafka's default")
@@ -63,6 +65,7 @@ def config_from_args(args) -> BrokerConfig:
                         advertised_host=args.advertised_host, node_id=args.node_id,
                         auto_create_topics=args.auto_create_topics == "true",
                         default_partitions=args.default_partitions, max_request_bytes=args.max_request_bytes,
+                        connections_max_idle_ms=args.connections_max_idle_ms,
                         flush_policy=args.flush_policy, flush_interval_ms=args.flush_interval_ms,
                         retention_check_interval_ms=args.retention_check_interval_ms,
                         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,

@@ -19,6 +19,9 @@ class BrokerConfig:
     auto_create_topics: bool = True
     default_partitions: int = 1
     max_request_bytes: int = 100 * 1024 * 1024
+    # connections.max.idle.ms: a connection with no request or response for this long is
+    # closed (Kafka's name and default, 10 minutes).
+    connections_max_idle_ms: int = 600_000
     # fsync policy of log tablets: "ack" (acks=all produce is fsynced before it is
     # acknowledged), "interval" (every flush_interval_ms), "none" (left to the OS).
     flush_policy: str = "ack"

@@ -291,7 +291,7 @@ class PkTableService:
 
     # -- creation ------------------------------------------------------------------------
     def before_create(self, name: str, configs: dict[str, str], validate_only: bool) -> None:
-        self._forget_deleted()
+        """Create hook (on the I/O executor): check the definition, clear stale files, register the key schema."""
         if name.endswith(CHANGELOG_SUFFIX):
             raise InvalidTableError(f"Topic name {name!r} ends with the reserved suffix {CHANGELOG_SUFFIX!r} "
                                     "(the changelog topics of primary-key tables)")
@@ -346,15 +346,16 @@ class PkTableService:
             return self.registry.register(subject, parsed)[0]
 
     # -- opening -------------------------------------------------------------------------
-    def attach(self, table: Table) -> None:
-        """Open hook: give a primary-key table its KV tablets (recovering them) and its changelog view."""
+    def attach(self, table: Table):
+        """Open hook (blocking, before the table is visible): open its KV tablets (recovering
+        them); returns what publishes the table's state and changelog view on the loop."""
         if isinstance(table, ChangelogTable) or not table.configs.get(PRIMARY_KEY):
-            return
+            return None
         fmt = table.value_format
         codec = getattr(fmt, "codec", None)
         if codec is None:
             log.error("primary-key table %s has no typed value format; its KV tablets stay closed", table.name)
-            return
+            return None
         schema = codec.table_schema
         layout, spec = table_spec(schema, table.configs)
         key_name = table.configs.get(KEY_FORMAT) or fmt.name
@@ -371,14 +372,17 @@ class PkTableService:
             for kv in pk.buckets:
                 kv.tablet.close()
             table.pk_error = str(exc)
-            return
+            return None
         table.pk = pk
-        self.tables[table.name] = pk
         view = _changelog_view(table)
         pk.changelog = view
-        manager = self.broker.tables
-        manager.tables[view.name] = view
-        manager.by_id[view.topic_id] = view
+
+        def publish() -> None:
+            self.tables[table.name] = pk
+            manager = self.broker.tables
+            manager.tables[view.name] = view
+            manager.by_id[view.topic_id] = view
+        return publish
 
     def _value_schema_id(self, table: Table) -> int:
         if table.value_format.name != "avro":
@@ -467,16 +471,18 @@ class PkTableService:
     async def snapshot_loop(self) -> None:
         while True:
             await asyncio.sleep(SNAPSHOT_INTERVAL_S)
-            self._forget_deleted()
+            await self.forget_deleted()
             for pk in list(self.tables.values()):
                 try:
                     await self.snapshot(pk.table, only_changed=True)
                 except Exception:
                     log.exception("KV snapshot of %s failed", pk.table.name)
 
-    def _forget_deleted(self) -> None:
-        """Tables deleted since: close their KV tablets, drop their views and files."""
+    async def forget_deleted(self) -> None:
+        """Tables deleted since: drop their state and views (on the loop), then close their
+        KV tablets and remove their files (on the I/O executor)."""
         manager = self.broker.tables
+        gone = []
         for name, pk in list(self.tables.items()):
             if manager.tables.get(name) is pk.table:
                 continue
@@ -485,23 +491,9 @@ class PkTableService:
             if view is not None and manager.tables.get(view.name) is view:
                 del manager.tables[view.name]
                 manager.by_id.pop(view.topic_id, None)
-            for kv in pk.buckets:
-                kv.tablet.close()
-                shutil.rmtree(kv.tablet.path, ignore_errors=True)
-                kv.snapshots.delete_all()
-                if kv.remote is not None:
-                    self._delete_remote(kv.remote)
-
-    def _delete_remote(self, remote: RemoteKvSnapshots) -> None:
-        def delete() -> None:
-            try:
-                remote.delete_all()
-            except Exception as exc:  # noqa: BLE001 - left for the operator; nothing reads them any more
-                log.warning("deleting KV snapshots under %s failed: %s", remote.prefix, exc)
-        try:
-            asyncio.get_running_loop().run_in_executor(self.broker.io_executor, delete)
-        except RuntimeError:  # no loop (shutdown): inline
-            delete()
+            gone.append(pk)
+        if gone:
+            await asyncio.get_running_loop().run_in_executor(self.broker.io_executor, _remove_kv_files, gone)
 
     def close(self) -> None:
         for pk in self.tables.values():
@@ -1061,11 +1053,26 @@ def _refuse_deletion(table: Table) -> None:
         raise InvalidTableError(reason)
 
 
-def table_deleted(table: Table) -> None:
-    """After a table is deleted: close its KV tablets, remove them, its snapshots and its changelog view."""
+def _remove_kv_files(gone: list["PkTable"]) -> None:
+    """Close and remove the KV tablets and snapshots (local and remote) of deleted tables."""
+    for pk in gone:
+        for kv in pk.buckets:
+            kv.tablet.close()
+            shutil.rmtree(kv.tablet.path, ignore_errors=True)
+            kv.snapshots.delete_all()
+            if kv.remote is not None:
+                try:
+                    kv.remote.delete_all()
+                except Exception as exc:  # noqa: BLE001 - left for the operator; nothing reads them any more
+                    log.warning("deleting KV snapshots under %s failed: %s", kv.remote.prefix, exc)
+
+
+def table_deleted(table: Table):
+    """After a table is deleted: drop its changelog view, close and remove its KV tablets and snapshots."""
     svc = _SERVICE.get("service")
     if svc is not None:
-        svc._forget_deleted()
+        return svc.forget_deleted()
+    return None
 
 
 # ---------------------------------------------------------------- start / stop
@@ -1084,7 +1091,9 @@ async def start_pk_tables(broker) -> None:
     broker.tables.delete_hooks.append(_refuse_deletion)
     broker.tables.deleted_hooks.append(table_deleted)
     for table in list(broker.tables.tables.values()):
-        service.attach(table)
+        publish = service.attach(table)  # before the listener opens: blocking is fine
+        if publish is not None:
+            publish()
     broker._background.append(asyncio.create_task(service.snapshot_loop(), name="kv-snapshots"))
 
 

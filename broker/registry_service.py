@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable
 
 from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.kafka_batches import RAW
@@ -90,6 +91,27 @@ class TableSchemas:
             log.info("table %s is now typed (%s)", table.name, table.value_format.name)
 
 
+def on_loop(loop: asyncio.AbstractEventLoop, listener: Callable[[SchemaRegistered], None]
+            ) -> Callable[[SchemaRegistered], None]:
+    """A registry listener that runs on the event loop, whichever thread registered.
+
+    Registrations run on worker threads (the REST handlers, table creation), while tables
+    and their value formats belong to the loop. `call_soon_threadsafe` queues the listener
+    ahead of the registering thread's own completion, so by the time the client is answered
+    the table has already changed.
+    """
+    def deliver(event: SchemaRegistered) -> None:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            listener(event)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(listener, event)
+    return deliver
+
+
 @on_start
 async def start_registry(broker) -> None:
     registry = SchemaRegistry(broker.store)
@@ -98,7 +120,7 @@ async def start_registry(broker) -> None:
         schemas.attach(table)
     broker.tables.create_hooks.append(schemas.before_create)
     broker.tables.open_hooks.append(schemas.attach)
-    registry.listeners.append(schemas.on_registered)
+    registry.listeners.append(on_loop(asyncio.get_running_loop(), schemas.on_registered))
     # A new version that the table's stored columns cannot evolve to is refused (HTTP 409).
     registry.validators.append(table_validator(schemas.is_typed_table_subject))
     broker.extensions["registry"] = registry

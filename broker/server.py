@@ -4,12 +4,17 @@ Requests of one connection are handled one after another, as Kafka does, so that
 pipelined produce requests append in the order they were sent. A handler may return a
 `Deferred` (a produce waiting for its fsync); the connection then goes on with the next
 request while a writer task sends the responses strictly in request order.
+
+A connection with nothing in progress and no request or response for
+`connections.max.idle.ms` is closed (as Kafka does), by one sweeper task for all
+connections rather than a timer each.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import struct
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable
 
 from fluvial.broker.handlers import HANDLERS, Deferred, RequestContext, supported_versions
@@ -32,17 +37,41 @@ class CloseConnection(Exception):
     """The request cannot be answered; Kafka's reply to that is closing the connection."""
 
 
+@dataclass(eq=False)
+class Connection:
+    """What the server knows of one client connection: enough to close it when idle."""
+
+    peer: str
+    writer: asyncio.StreamWriter
+    last_active: float
+    # Requests read whose responses are not written yet (a long-polling fetch, a produce
+    # waiting for its fsync): such a connection is not idle, however long they take.
+    in_progress: int = 0
+
+
 class KafkaServer:
     def __init__(self, broker: "Broker"):
         self.broker = broker
         self._server: asyncio.base_events.Server | None = None
-        self._connections: set[asyncio.Task] = set()
+        self._connections: dict[asyncio.Task, Connection] = {}
+        self._sweeper: asyncio.Task | None = None
+        self.idle_closed = 0
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
 
     async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._on_connection, host, port, limit=1 << 20)
+        # backlog: a burst of new clients (hundreds of producers starting together) must not
+        # overflow the accept queue, or their SYNs are dropped and retried a second later.
+        self._server = await asyncio.start_server(self._on_connection, host, port, limit=1 << 20, backlog=4096)
+        if self.broker.config.connections_max_idle_ms > 0:
+            self._sweeper = asyncio.create_task(self._close_idle(), name="idle-connections")
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
         for task in list(self._connections):
@@ -52,15 +81,33 @@ class KafkaServer:
         if self._server is not None:
             await self._server.wait_closed()
 
+    async def _close_idle(self) -> None:
+        max_idle_s = self.broker.config.connections_max_idle_ms / 1000
+        # Checked ten times per idle period (at most every 30 s): a connection is closed
+        # between max_idle and 1.1 x max_idle after its last activity.
+        interval = min(max(max_idle_s / 10, 0.05), 30.0)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            deadline = loop.time() - max_idle_s
+            for conn in list(self._connections.values()):
+                if conn.in_progress == 0 and conn.last_active < deadline:
+                    log.debug("closing connection from %s: idle for over %d ms", conn.peer,
+                              self.broker.config.connections_max_idle_ms)
+                    self.idle_closed += 1
+                    # The reader then sees end of stream and the connection's task cleans up.
+                    conn.writer.transport.abort()
+
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        self._connections.add(task)
         peer = writer.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if peer else "?"
+        conn = Connection(peer_s, writer, asyncio.get_running_loop().time())
+        self._connections[task] = conn
         outbox: asyncio.Queue = asyncio.Queue(MAX_IN_FLIGHT)
-        sender = asyncio.create_task(self._send_in_order(outbox, writer, peer_s))
+        sender = asyncio.create_task(self._send_in_order(outbox, conn))
         try:
-            await self._read_requests(reader, outbox, peer_s)
+            await self._read_requests(reader, outbox, conn)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except CloseConnection as exc:
@@ -75,17 +122,25 @@ class KafkaServer:
             except (asyncio.CancelledError, Exception):
                 pass
             writer.close()
-            self._connections.discard(task)
+            self._connections.pop(task, None)
 
-    async def _read_requests(self, reader: asyncio.StreamReader, outbox: asyncio.Queue, peer: str) -> None:
+    async def _read_requests(self, reader: asyncio.StreamReader, outbox: asyncio.Queue, conn: Connection) -> None:
         max_bytes = self.broker.config.max_request_bytes
+        loop = asyncio.get_running_loop()
         while True:
             (size,) = _SIZE.unpack(await reader.readexactly(4))
             if size < 0 or size > max_bytes:
                 raise CloseConnection(f"request of {size} bytes is larger than max.request.bytes={max_bytes}")
+            # A request still arriving does not count as in progress: a client that stops
+            # half-way is closed when idle, and the partial request's buffer freed.
             frame = memoryview(await reader.readexactly(size))
-            reply = await self._dispatch(frame, peer)
-            if reply is not None:
+            conn.in_progress += 1
+            conn.last_active = loop.time()
+            reply = await self._dispatch(frame, conn.peer)
+            if reply is None:
+                conn.in_progress -= 1
+                conn.last_active = loop.time()
+            else:
                 await outbox.put(reply)
 
     async def _dispatch(self, frame: memoryview, peer: str) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
@@ -127,25 +182,26 @@ class KafkaServer:
         response = await awaitable
         return None if response is None else encode_response(header, response)
 
-    async def _send_in_order(self, outbox: asyncio.Queue, writer: asyncio.StreamWriter, peer: str) -> None:
+    async def _send_in_order(self, outbox: asyncio.Queue, conn: Connection) -> None:
+        writer = conn.writer
+        loop = asyncio.get_running_loop()
         while True:
             item = await outbox.get()
             if item is None:
                 return
             if isinstance(item, list):
                 writer.writelines(item)
-                if outbox.empty() or writer.transport.get_write_buffer_size() > (4 << 20):
-                    await writer.drain()
-                continue
-            if not isinstance(item, (bytes, bytearray)):
-                try:
-                    item = await item
-                except Exception:
-                    log.exception("deferred response for %s failed; closing", peer)
-                    writer.close()
-                    return
-                if item is None:
-                    continue
-            writer.write(item)
+            else:
+                if not isinstance(item, (bytes, bytearray)):
+                    try:
+                        item = await item
+                    except Exception:
+                        log.exception("deferred response for %s failed; closing", conn.peer)
+                        writer.close()
+                        return
+                if item is not None:
+                    writer.write(item)
+            conn.in_progress -= 1
+            conn.last_active = loop.time()
             if outbox.empty() or writer.transport.get_write_buffer_size() > (4 << 20):
                 await writer.drain()

@@ -187,7 +187,14 @@ def log_config_for(table_configs: dict[str, str], broker: BrokerConfig) -> LogCo
 
 
 class TableManager:
-    """Creates, opens, alters and deletes tables; finds buckets by name or topic id."""
+    """Creates, opens, alters and deletes tables; finds buckets by name or topic id.
+
+    The maps of tables belong to the event loop. Creating, growing, altering and deleting a
+    table touch the disk (SQLite commits with fsync, bucket directories, checkpoint files,
+    KV tablets): that work runs on the I/O executor, and only the finished table is
+    published on the loop, so a 200-bucket table never holds up other clients. A name with
+    a change in progress is reserved until the change is published.
+    """
 
     def __init__(self, config: BrokerConfig, store: MetadataStore, io_executor: Executor):
         self.config = config
@@ -198,20 +205,27 @@ class TableManager:
         self.tables: dict[str, Table] = {}
         self.by_id: dict[uuid.UUID, Table] = {}
         # create_hooks(name, configs, validate_only) may refuse a table (raise) before it
-        # exists; open_hooks(table) run for every table created or opened.
+        # exists; they run on the I/O executor and may block.
         self.create_hooks: list = []
+        # open_hooks(table) run on the I/O executor for every table created or opened,
+        # before it is visible; one may return a callable that publishes what it prepared,
+        # run on the event loop when the table is published.
         self.open_hooks: list = []
-        # delete_hooks(table) may refuse a deletion (raise); deleted_hooks(table) run after it.
+        # delete_hooks(table) may refuse a deletion (raise), on the loop; deleted_hooks(table)
+        # run on the loop after it and may return an awaitable (their own blocking work).
         self.delete_hooks: list = []
         self.deleted_hooks: list = []
+        # Names with a creation or deletion in progress, and what finishes it.
+        self._changing: dict[str, asyncio.Future] = {}
         store.ensure_schema(_DDL)
 
     def open_all(self) -> None:
+        """Open every table at start-up, before any listener serves (blocking is fine here)."""
         for row in self.store.query("SELECT name, topic_id, buckets, configs, created_ms FROM tables"):
             table = Table(row["name"], uuid.UUID(row["topic_id"]), json.loads(row["configs"]), row["created_ms"])
             for i in range(row["buckets"]):
                 table.buckets.append(self._open_bucket(table, i))
-            self._register(table)
+            self._publish(table, self._prepare_open(table))
         log.info("opened %d tables", len(self.tables))
 
     def _bucket_dir(self, name: str, index: int) -> Path:
@@ -221,11 +235,29 @@ class TableManager:
         tablet = LogTablet.open(self._bucket_dir(table.name, index), log_config_for(table.configs, self.config))
         return Bucket(table, index, tablet, self.io_executor)
 
-    def _register(self, table: Table) -> None:
-        for hook in self.open_hooks:
-            hook(table)
+    def _prepare_open(self, table: Table) -> list:
+        """Run the open hooks (blocking); returns their publishers for the loop."""
+        return [p for p in (hook(table) for hook in self.open_hooks) if p is not None]
+
+    def _publish(self, table: Table, publishers: list) -> None:
+        for publish in publishers:
+            publish()
         self.tables[table.name] = table
         self.by_id[table.topic_id] = table
+
+    async def _off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.io_executor, fn, *args)
+
+    def _reserve(self, name: str) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._changing[name] = future
+        return future
+
+    def _release(self, name: str, future: asyncio.Future) -> None:
+        if self._changing.get(name) is future:
+            del self._changing[name]
+        if not future.done():
+            future.set_result(None)
 
     def get(self, name: str) -> Table:
         table = self.tables.get(name)
@@ -239,73 +271,142 @@ class TableManager:
             raise UnknownTableError(f"Unknown topic id {topic_id}")
         return table
 
-    def create(self, name: str, buckets: int, configs: dict[str, str | None] | None = None,
-               *, validate_only: bool = False) -> Table:
+    async def create(self, name: str, buckets: int, configs: dict[str, str | None] | None = None,
+                     *, validate_only: bool = False) -> Table:
         validate_table_name(name)
         if name in self.tables:
             raise TableExistsError(f"Topic '{name}' already exists.")
+        if name in self._changing:
+            raise TableExistsError(f"Topic '{name}' is being created or deleted.")
         if buckets <= 0:
             raise InvalidPartitionsError(f"Number of partitions must be larger than 0, got {buckets}")
         if buckets > 10_000:
             raise InvalidPartitionsError(f"Number of partitions {buckets} is above the limit of 10000")
         overrides = validate_topic_configs(configs or {})
         table = Table(name, uuid.uuid4(), overrides, int(time.time() * 1000))
+        reserved = self._reserve(name)
+        try:
+            publishers = await self._off_loop(self._create_on_disk, table, buckets, validate_only)
+            if not validate_only:
+                self._publish(table, publishers)
+                log.info("created table %s with %d buckets", name, buckets)
+        finally:
+            self._release(name, reserved)
+        return table
+
+    def _create_on_disk(self, table: Table, buckets: int, validate_only: bool) -> list:
+        """The blocking part of a creation: hooks, metadata row, bucket directories, KV tablets."""
+        name = table.name
         for hook in self.create_hooks:
-            hook(name, overrides, validate_only)
+            hook(name, table.configs, validate_only)
         if validate_only:
-            return table
+            return []
         # Stale directories of an earlier table of the same name must not leak in.
         for i in range(buckets):
             shutil.rmtree(self._bucket_dir(name, i), ignore_errors=True)
         with self.store.transaction() as conn:
             conn.execute("INSERT INTO tables (name, topic_id, buckets, configs, created_ms) VALUES (?, ?, ?, ?, ?)",
-                         (name, str(table.topic_id), buckets, json.dumps(overrides), table.created_ms))
-        for i in range(buckets):
-            table.buckets.append(self._open_bucket(table, i))
-        self._register(table)
-        log.info("created table %s with %d buckets", name, buckets)
-        return table
+                         (name, str(table.topic_id), buckets, json.dumps(table.configs), table.created_ms))
+        try:
+            for i in range(buckets):
+                table.buckets.append(self._open_bucket(table, i))
+            return self._prepare_open(table)
+        except BaseException:
+            # Not published: nothing of it may stay behind (the row would reopen it on restart).
+            with self.store.transaction() as conn:
+                conn.execute("DELETE FROM tables WHERE name = ?", (name,))
+            for bucket in table.buckets:
+                bucket.tablet.delete()
+            raise
 
-    def add_buckets(self, name: str, total: int) -> Table:
+    async def _settled(self, name: str) -> None:
+        """Wait for a change of `name` already under way (changes of one table never overlap)."""
+        while (pending := self._changing.get(name)) is not None:
+            await asyncio.shield(pending)
+
+    async def get_or_create(self, name: str, buckets: int) -> Table:
+        """Auto-creation: the table, created if needed; a creation already under way is awaited."""
+        while True:
+            table = self.tables.get(name)
+            if table is not None:
+                return table
+            pending = self._changing.get(name)
+            if pending is None:
+                return await self.create(name, buckets)
+            await asyncio.shield(pending)
+
+    async def add_buckets(self, name: str, total: int) -> Table:
+        await self._settled(name)
         table = self.get(name)
         if total <= len(table.buckets):
             raise InvalidPartitionsError(
                 f"Topic currently has {len(table.buckets)} partitions, {total} would not be an increase.")
-        with self.store.transaction() as conn:
-            conn.execute("UPDATE tables SET buckets = ? WHERE name = ?", (total, name))
-        for i in range(len(table.buckets), total):
-            shutil.rmtree(self._bucket_dir(name, i), ignore_errors=True)
-            table.buckets.append(self._open_bucket(table, i))
+        reserved = self._reserve(name)
+        try:
+            added = await self._off_loop(self._add_buckets_on_disk, table, len(table.buckets), total)
+            if self.tables.get(name) is table:
+                table.buckets = table.buckets + added
+        finally:
+            self._release(name, reserved)
         return table
 
-    def alter_configs(self, name: str, overrides: dict[str, str], *, validate_only: bool = False) -> Table:
+    def _add_buckets_on_disk(self, table: Table, first: int, total: int) -> list[Bucket]:
+        for i in range(first, total):
+            shutil.rmtree(self._bucket_dir(table.name, i), ignore_errors=True)
+        with self.store.transaction() as conn:
+            conn.execute("UPDATE tables SET buckets = ? WHERE name = ?", (total, table.name))
+        return [self._open_bucket(table, i) for i in range(first, total)]
+
+    async def alter_configs(self, name: str, overrides: dict[str, str], *, validate_only: bool = False) -> Table:
         """Replace a table's config overrides (checked as a real change is, also when only validating)."""
         table = self.get(name)
         clean = validate_topic_configs(overrides)
         check_alterable(table.configs, clean)
         if validate_only:
             return table
-        with self.store.transaction() as conn:
-            conn.execute("UPDATE tables SET configs = ? WHERE name = ?", (json.dumps(clean), name))
+        await self._off_loop(self._store_configs, name, clean)
         table.configs = clean
         for bucket in table.buckets:
             bucket.tablet.config = log_config_for(clean, self.config)
         return table
 
-    def delete(self, name: str) -> Table:
+    def _store_configs(self, name: str, configs: dict[str, str]) -> None:
+        with self.store.transaction() as conn:
+            conn.execute("UPDATE tables SET configs = ? WHERE name = ?", (json.dumps(configs), name))
+
+    async def delete(self, name: str) -> Table:
+        await self._settled(name)
         table = self.get(name)
         for hook in self.delete_hooks:
             hook(table)
-        with self.store.transaction() as conn:
-            conn.execute("DELETE FROM tables WHERE name = ?", (name,))
-        del self.tables[name]
-        self.by_id.pop(table.topic_id, None)
-        for bucket in table.buckets:
-            bucket.tablet.delete()
-        for hook in self.deleted_hooks:
-            hook(table)
+        reserved = self._reserve(name)
+        try:
+            # Gone for clients at once; back if the metadata row cannot be deleted.
+            del self.tables[name]
+            self.by_id.pop(table.topic_id, None)
+            try:
+                await self._off_loop(self._delete_row, name)
+            except BaseException:
+                self._publish(table, [])
+                raise
+            await self._off_loop(self._delete_files, table)
+            for hook in self.deleted_hooks:
+                pending = hook(table)
+                if pending is not None:
+                    await pending
+        finally:
+            self._release(name, reserved)
         log.info("deleted table %s", name)
         return table
+
+    def _delete_row(self, name: str) -> None:
+        with self.store.transaction() as conn:
+            conn.execute("DELETE FROM tables WHERE name = ?", (name,))
+
+    @staticmethod
+    def _delete_files(table: Table) -> None:
+        for bucket in table.buckets:
+            bucket.tablet.delete()
 
     def all_buckets(self):
         for table in list(self.tables.values()):

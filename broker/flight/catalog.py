@@ -1,6 +1,7 @@
 """Tables as the table API shows them: schemas, descriptions, offsets; creation with an Arrow schema."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pyarrow as pa
@@ -79,7 +80,7 @@ def describe(table: Table) -> dict:
     }
 
 
-def create_table(broker, name: str, schema: pa.Schema | None, buckets: int, kafka_format: str | None,
+async def create_table(broker, name: str, schema: pa.Schema | None, buckets: int, kafka_format: str | None,
                  configs: dict[str, str] | None) -> Table:
     """Create a log table. With an Arrow schema it is typed: its Kafka values are JSON objects
     (default) or Avro under a schema derived from the Arrow one, registered as `<name>-value`.
@@ -90,7 +91,7 @@ def create_table(broker, name: str, schema: pa.Schema | None, buckets: int, kafk
     if schema is None:
         if kafka_format not in (None, "raw"):
             raise InvalidConfigError(f"a table without a schema is raw on the Kafka path, not {kafka_format}")
-        return broker.tables.create(name, buckets, configs)
+        return await broker.tables.create(name, buckets, configs)
     _check_schema(schema)
     kafka_format = kafka_format or "json"
     if kafka_format not in KAFKA_FORMATS:
@@ -110,10 +111,12 @@ def create_table(broker, name: str, schema: pa.Schema | None, buckets: int, kafk
         # Refuse what create would refuse before the subject is touched.
         validate_table_name(name)
         if name in broker.tables.tables or buckets <= 0:
-            return broker.tables.create(name, buckets, configs)
+            return await broker.tables.create(name, buckets, configs)
         text = json.dumps(arrow_to_json_schema(plain, title=name))
-        registry.register(f"{name}-value", parse_schema(text, "JSON"))
-    return broker.tables.create(name, buckets, configs)
+        # The registry commits to SQLite: off the event loop.
+        await asyncio.get_running_loop().run_in_executor(
+            broker.io_executor, registry.register, f"{name}-value", parse_schema(text, "JSON"))
+    return await broker.tables.create(name, buckets, configs)
 
 
 def _avro_name(table: str) -> str:

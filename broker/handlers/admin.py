@@ -40,7 +40,7 @@ async def create_partitions(ctx: RequestContext, request):
                     f"Topic currently has {len(table.buckets)} partitions, which is higher than or equal to the "
                     f"requested {t.count}.")
             if not request.validate_only:
-                ctx.broker.tables.add_buckets(t.name, t.count)
+                await ctx.broker.tables.add_buckets(t.name, t.count)
         except FluvialError as exc:
             r.error_code, r.error_message = exc.code, exc.message
         results.append(r)
@@ -65,7 +65,7 @@ async def alter_configs(ctx: RequestContext, request):
         try:
             _check_resource(res.resource_type, res.resource_name)
             overrides = {c.name: c.value for c in res.configs if c.value is not None}
-            ctx.broker.tables.alter_configs(res.resource_name, overrides, validate_only=request.validate_only)
+            await ctx.broker.tables.alter_configs(res.resource_name, overrides, validate_only=request.validate_only)
         except FluvialError as exc:
             r.error_code, r.error_message = exc.code, exc.message
         out.append(r)
@@ -99,7 +99,7 @@ async def incremental_alter_configs(ctx: RequestContext, request):
                     overrides[c.name] = ",".join(current)
                 else:
                     raise InvalidConfigError(f"Unknown config operation {c.config_operation}")
-            ctx.broker.tables.alter_configs(res.resource_name, overrides, validate_only=request.validate_only)
+            await ctx.broker.tables.alter_configs(res.resource_name, overrides, validate_only=request.validate_only)
         except FluvialError as exc:
             r.error_code, r.error_message = exc.code, exc.message
         out.append(r)

@@ -47,7 +47,7 @@ async def metadata(ctx: RequestContext, request):
             table = tables.tables.get(name)
             if table is None and allow_create:
                 try:
-                    table = tables.create(name, ctx.broker.config.default_partitions)
+                    table = await tables.get_or_create(name, ctx.broker.config.default_partitions)
                 except FluvialError as exc:
                     topics.append(error_topic(name, exc.code))
                     continue

@@ -35,7 +35,7 @@ async def create_topics(ctx: RequestContext, request):
                     code=ErrorCode.INVALID_REPLICATION_FACTOR)
             buckets = ctx.broker.config.default_partitions if topic.num_partitions == -1 else topic.num_partitions
             configs = {c.name: c.value for c in topic.configs}
-            table = ctx.broker.tables.create(topic.name, buckets, configs, validate_only=request.validate_only)
+            table = await ctx.broker.tables.create(topic.name, buckets, configs, validate_only=request.validate_only)
             r.topic_id = table.topic_id
             r.num_partitions = buckets
             r.replication_factor = 1
@@ -64,7 +64,7 @@ async def delete_topics(ctx: RequestContext, request):
             table = tables.get(name) if name is not None else tables.get_by_id(topic_id)
             if name is not None and topic_id is not None and topic_id.int != 0 and table.topic_id != topic_id:
                 raise FluvialError("topic id does not match the topic name", code=ErrorCode.INCONSISTENT_TOPIC_ID)
-            tables.delete(table.name)
+            await tables.delete(table.name)
             r.name, r.topic_id = table.name, table.topic_id
         except UnknownTableError as exc:
             r.error_code = ErrorCode.UNKNOWN_TOPIC_ID if name is None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

@@ -22,6 +22,9 @@ class LeaderEpochCache:
     def __init__(self, path: Path):
         self.path = path
         self._lock = threading.Lock()
+        # Serializes file writes, which happen outside `_lock`: appends read the latest
+        # epoch under `_lock` and must not wait for an fsync.
+        self._file_lock = threading.Lock()
         self._epochs: list[int] = []
         self._starts: list[int] = []
         self._load()
@@ -43,10 +46,14 @@ class LeaderEpochCache:
         self._epochs = [p[0] for p in pairs]
         self._starts = [p[1] for p in pairs]
 
-    def _persist(self) -> None:
-        lines = [str(_FORMAT_VERSION), str(len(self._epochs))]
-        lines += [f"{e} {s}" for e, s in zip(self._epochs, self._starts)]
-        write_text_atomically(self.path, "\n".join(lines) + "\n")
+    def persist(self) -> None:
+        """Write the entries as they are now (durably). Each write takes the latest entries
+        once it holds the file lock, so a later state is never overwritten by an earlier one."""
+        with self._file_lock:
+            with self._lock:
+                lines = [str(_FORMAT_VERSION), str(len(self._epochs))]
+                lines += [f"{e} {s}" for e, s in zip(self._epochs, self._starts)]
+            write_text_atomically(self.path, "\n".join(lines) + "\n")
 
     def entries(self) -> list[tuple[int, int]]:
         with self._lock:
@@ -74,7 +81,7 @@ class LeaderEpochCache:
             ]
             self._epochs = [self._epochs[i] for i in keep] + [epoch]
             self._starts = [self._starts[i] for i in keep] + [start_offset]
-            self._persist()
+        self.persist()
 
     def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]:
         """OffsetForLeaderEpoch: the largest epoch <= requested and the offset where it ended."""
@@ -96,19 +103,26 @@ class LeaderEpochCache:
         """Forget epochs starting at or after ``end_offset`` (the log was cut there)."""
         with self._lock:
             cut = bisect.bisect_left(self._starts, end_offset)
-            if cut < len(self._starts):
-                del self._epochs[cut:], self._starts[cut:]
-                self._persist()
+            if cut >= len(self._starts):
+                return
+            del self._epochs[cut:], self._starts[cut:]
+        self.persist()
 
-    def truncate_from_start(self, start_offset: int) -> None:
-        """The log now starts at ``start_offset``: earlier epochs collapse into one entry there."""
+    def truncate_from_start(self, start_offset: int, *, persist: bool = True) -> bool:
+        """The log now starts at ``start_offset``: earlier epochs collapse into one entry there.
+
+        Returns whether the entries changed. With ``persist=False`` the caller writes the
+        file (`persist()`) later, outside the locks appends wait on.
+        """
         with self._lock:
             floor = bisect.bisect_right(self._starts, start_offset) - 1
             if floor < 0 or (floor == 0 and self._starts[0] == start_offset):
-                return
+                return False
             self._epochs = self._epochs[floor:]
             self._starts = [start_offset] + self._starts[floor + 1 :]
-            self._persist()
+        if persist:
+            self.persist()
+        return True
 
     def delete(self) -> None:
         self.path.unlink(missing_ok=True)

@@ -556,9 +556,9 @@ class LogTablet:
                     total -= closed[cut].state.size
                     cut += 1
             doomed = self._drop_oldest(cut)
-        # Unlinking big files can take a while: not under the lock appends wait on.
-        for segment in doomed:
-            segment.delete()
+        # Unlinking big files and fsyncing the epoch file take a while: not under the lock
+        # appends wait on.
+        self._finish_drop(doomed)
         return cut
 
     def advance_log_start(self, offset: int) -> int:
@@ -578,10 +578,9 @@ class LogTablet:
             while cut < len(closed) and closed[cut].state.next_offset <= offset:
                 cut += 1
             doomed = self._drop_oldest(cut)
-            self.leader_epochs.truncate_from_start(self._log_start)
+            epochs_changed = self.leader_epochs.truncate_from_start(self._log_start, persist=False)
             start = self._log_start
-        for segment in doomed:
-            segment.delete()
+        self._finish_drop(doomed, persist_epochs=epochs_changed)
         return start
 
     def _drop_oldest(self, count: int) -> tuple[LogSegment, ...]:
@@ -596,8 +595,15 @@ class LogTablet:
             self._log_start_checkpoint.write(new_start, durable=False)
             self._log_start = new_start
         self._view = _SegmentList.of(kept)
-        self.leader_epochs.truncate_from_start(self._log_start)
+        self.leader_epochs.truncate_from_start(self._log_start, persist=False)
         return doomed
+
+    def _finish_drop(self, doomed: tuple[LogSegment, ...], *, persist_epochs: bool = False) -> None:
+        """After `_drop_oldest`, outside the write lock: persist the epochs, remove the files."""
+        if doomed or persist_epochs:
+            self.leader_epochs.persist()
+        for segment in doomed:
+            segment.delete()
 
     # -- lifecycle ------------------------------------------------------------------------
 
