@@ -169,7 +169,8 @@ def settle_garbage_collector() -> None:
 
 
 # Services beside the Kafka listener; each registers its start/stop hooks on import.
-SERVICES = ["fluvial.broker.registry_service", "fluvial.broker.pk_tables", "fluvial.broker.flight"]
+SERVICES = ["fluvial.broker.registry_service", "fluvial.broker.pk_tables", "fluvial.broker.flight",
+            "fluvial.tiering.lake.service"]
 
 
 def load_services() -> None:

@@ -55,6 +55,13 @@ def add_broker_parser(sub) -> None:
     p.add_argument("--group-min-session-timeout-ms", type=int, default=d.group_min_session_timeout_ms)
     p.add_argument("--group-max-session-timeout-ms", type=int, default=d.group_max_session_timeout_ms)
     p.add_argument("--offsets-retention-minutes", type=int, default=d.offsets_retention_minutes)
+    p.add_argument("--lake-catalog-option", action="append", default=[], metavar="K=V",
+                   help="pyiceberg catalog property of the lake (repeatable), e.g. type=rest, uri=...; "
+                        "default: an SQLite catalog and a warehouse folder under <data-dir>/lake")
+    p.add_argument("--lake-tiering", action="store_true",
+                   help="tier lake tables inside the broker (no Spark job needed on a single machine)")
+    p.add_argument("--lake-lease-ms", type=int, default=d.lake_lease_ms,
+                   help="how long a tiering job's lease lasts without a heartbeat")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
 
@@ -71,7 +78,19 @@ def config_from_args(args) -> BrokerConfig:
                         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
                         group_min_session_timeout_ms=args.group_min_session_timeout_ms,
                         group_max_session_timeout_ms=args.group_max_session_timeout_ms,
-                        offsets_retention_minutes=args.offsets_retention_minutes)
+                        offsets_retention_minutes=args.offsets_retention_minutes,
+                        lake_catalog_options=key_values(args.lake_catalog_option, "--lake-catalog-option"),
+                        lake_tiering=args.lake_tiering, lake_lease_ms=args.lake_lease_ms)
+
+
+def key_values(items: list[str], option: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"{option} takes K=V, not {item!r}")
+        out[key.strip()] = value
+    return out
 
 
 async def run_broker(config: BrokerConfig) -> None:
@@ -114,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 # Tool subcommands (topic, group, schema, table, ...) register themselves here:
 # each is `register(subparsers)` that sets `run=fn(args) -> int` on its parser.
 _SUBCOMMANDS: list = []
-TOOL_MODULES = ["fluvial.broker.admin_cli", "fluvial.schema.cli", "fluvial.broker.table_cli"]
+TOOL_MODULES = ["fluvial.broker.admin_cli", "fluvial.schema.cli", "fluvial.broker.table_cli",
+                "fluvial.tiering.lake.cli"]
 
 
 def subcommand(register):

@@ -1,6 +1,7 @@
 """Broker settings (command line) and the topic configs Fluvial understands."""
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,11 @@ class BrokerConfig:
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1_800_000
     offsets_retention_minutes: int = 7 * 24 * 60
+    # Lake tiering: pyiceberg catalog properties (empty: the embedded SQLite catalog under
+    # the data dir), whether the broker tiers lake tables itself, and a job's lease.
+    lake_catalog_options: dict[str, str] = field(default_factory=dict)
+    lake_tiering: bool = False
+    lake_lease_ms: int = 30_000
 
     @property
     def advertised(self) -> str:
@@ -44,7 +50,7 @@ class BrokerConfig:
 class TopicConfigDef:
     name: str
     default: str
-    kind: str  # "long" | "int" | "string" | "list"
+    kind: str  # "long" | "int" | "string" | "list" | "bool" | "duration"
     doc: str
     valid: tuple[str, ...] = ()
     # Fixed at creation: what the stored data means depends on it.
@@ -80,7 +86,27 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {c.name: c for c in [
     TopicConfigDef("fluvial.merge.engine", "last_row", "string", "How a write merges with the current row of its key.",
                    ("last_row", "first_row", "versioned"), immutable=True),
     TopicConfigDef("fluvial.version.column", "", "string", "Version column of merge engine 'versioned'.", immutable=True),
+    TopicConfigDef("fluvial.lake.enable", "false", "bool",
+                   "Materialize the table into a lake table (Apache Iceberg), kept up to date by tiering jobs."),
+    TopicConfigDef("fluvial.lake.freshness", "30s", "duration",
+                   "Target lag of the lake table behind the table (e.g. 30s, 500ms, 2min; a plain number is ms)."),
 ]}
+
+
+_DURATION_UNITS = {"ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """'30s', '500ms', '2min', '1h' or a plain number of milliseconds. Raises ValueError."""
+    value = str(text).strip().lower()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value)
+    if not match or match.group(2) not in ("", *_DURATION_UNITS):
+        raise ValueError(f"{text!r} is not a duration (e.g. 30s, 500ms, 2min)")
+    return int(float(match.group(1)) * _DURATION_UNITS.get(match.group(2), 1))
+
+
+def config_flag(value: str) -> bool:
+    return str(value).strip().lower() == "true"
 
 
 def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
@@ -99,6 +125,13 @@ def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
                 int(value)
             except ValueError:
                 raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: not a number") from None
+        if d.kind == "bool" and str(value).strip().lower() not in ("true", "false"):
+            raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: must be true or false")
+        if d.kind == "duration":
+            try:
+                parse_duration_ms(value)
+            except ValueError as exc:
+                raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: {exc}") from None
         if d.valid and value not in d.valid:
             raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: must be one of {list(d.valid)}")
         out[name] = value

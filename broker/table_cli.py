@@ -99,6 +99,7 @@ def table_describe(args) -> int:
     try:
         with _connect(args) as client:
             info = client.describe(args.table)
+            lake = client.lake_status(args.table) if info.configs.get("fluvial.lake.enable") == "true" else None
     except Exception as exc:  # noqa: BLE001
         return _fail(exc)
     print(f"table {info.name}: {info.kind} table, {info.buckets} bucket(s), Kafka values {info.kafka_format}")
@@ -112,6 +113,10 @@ def table_describe(args) -> int:
     print(format_rows(pa.table({"bucket": [o.bucket for o in info.offsets],
                                 "log_start": [o.log_start for o in info.offsets],
                                 "high_watermark": [o.high_watermark for o in info.offsets]})))
+    if lake:
+        from fluvial.tiering.lake.cli import print_status
+        print()
+        print_status(lake)
     return 0
 
 

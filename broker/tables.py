@@ -217,6 +217,8 @@ class TableManager:
         self.deleted_hooks: list = []
         # Names with a creation or deletion in progress, and what finishes it.
         self._changing: dict[str, asyncio.Future] = {}
+        # altered_hooks(table) run after a table's configs changed.
+        self.altered_hooks: list = []
         store.ensure_schema(_DDL)
 
     def open_all(self) -> None:
@@ -368,6 +370,8 @@ class TableManager:
         table.configs = clean
         for bucket in table.buckets:
             bucket.tablet.config = log_config_for(clean, self.config)
+        for hook in self.altered_hooks:
+            hook(table)
         return table
 
     def _store_configs(self, name: str, configs: dict[str, str]) -> None:

@@ -132,16 +132,22 @@ class Client:
     def create_table(self, name: str, schema: pa.Schema | None = None, *, buckets: int = 1,
                      kafka_format: str | None = None, configs: dict[str, str] | None = None,
                      primary_key: Sequence[str] | None = None, bucket_key: Sequence[str] | None = None,
-                     merge_engine: str | None = None, version_column: str | None = None) -> "Table":
+                     merge_engine: str | None = None, version_column: str | None = None,
+                     lake: bool = False) -> "Table":
         """Create a log table. With `schema` (the user columns) its rows are typed; Kafka
         clients see each row as a compact JSON object (`kafka_format="json"`, the default)
         or as Avro (`"avro"`, schema derived from the Arrow one and registered under
         `<name>-value`). Without a schema the table is raw: one binary column `value`.
 
+        `lake=True` materializes the table into a lake table (Apache Iceberg) kept up to date
+        by tiering (`fluvial.lake.enable`; `fluvial.lake.freshness` sets the target lag).
+
         >>> orders = client.create_table("orders", pa.schema([("id", pa.int64()), ("amount", pa.float64())]),
         ...                              buckets=3)
         """
         configs = {**(configs or {}), **pk.table_configs(primary_key, bucket_key, merge_engine, version_column)}
+        if lake:
+            configs["fluvial.lake.enable"] = "true"
         body = {"table": name, "schema": schema_to_b64(schema) if schema is not None else None,
                 "buckets": buckets, "kafka_format": kafka_format, "configs": configs}
         return Table(self, TableInfo.from_json(self._action(CREATE_TABLE, body)))
@@ -152,6 +158,16 @@ class Client:
     def table(self, name: str) -> "Table":
         """A handle on an existing table (raises UnknownTableError)."""
         return Table(self, self.describe(name))
+
+    def lake_info(self, name: str) -> dict | None:
+        """Where a lake-enabled table's Iceberg table is (catalog properties without secrets,
+        identifier) and the offsets its current snapshot covers; None if the table is not
+        lake-enabled."""
+        return self._action("lake-info", {"name": name})
+
+    def lake_status(self, name: str | None = None) -> list[dict]:
+        """Tiering state, lake snapshot, tiered offsets and lag of the lake tables (or one)."""
+        return self._action("lake-status", {"name": name} if name else {})
 
 
 class Table:

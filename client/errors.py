@@ -6,7 +6,7 @@ import json
 import pyarrow.flight as flight
 
 from fluvial.errors import (
-    FluvialError, InvalidConfigError, InvalidPartitionsError, InvalidRecordError, InvalidRequestError,
+    FluvialError, InvalidConfigError, LakeLeaseError, InvalidPartitionsError, InvalidRecordError, InvalidRequestError,
     InvalidTableError, OffsetOutOfRangeError, SchemaMismatchError, StorageError, TableExistsError,
     UnknownColumnError, UnknownTableError,
 )
@@ -19,7 +19,7 @@ class BrokerUnavailableError(FluvialError):
 ERRORS: dict[str, type[FluvialError]] = {cls.__name__: cls for cls in (
     FluvialError, InvalidConfigError, InvalidPartitionsError, InvalidRecordError, InvalidRequestError,
     InvalidTableError, OffsetOutOfRangeError, StorageError, TableExistsError, UnknownTableError,
-    UnknownColumnError, SchemaMismatchError,
+    UnknownColumnError, SchemaMismatchError, LakeLeaseError,
 )}
 
 
@@ -44,6 +44,6 @@ def from_flight(exc: flight.FlightError) -> FluvialError:
 
 __all__ = [
     "BrokerUnavailableError", "FluvialError", "InvalidConfigError", "InvalidPartitionsError", "InvalidRecordError",
-    "InvalidRequestError", "InvalidTableError", "OffsetOutOfRangeError", "SchemaMismatchError", "StorageError",
+    "InvalidRequestError", "InvalidTableError", "LakeLeaseError", "OffsetOutOfRangeError", "SchemaMismatchError", "StorageError",
     "TableExistsError", "UnknownColumnError", "UnknownTableError", "error_info", "from_flight",
 ]

@@ -128,3 +128,10 @@ class ProducerFencedError(FluvialError):
 class OutOfOrderSequenceError(FluvialError):
     code = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
     http_status = 409
+
+
+class LakeLeaseError(FluvialError):
+    """A tiering job's lease on a lake table expired or was handed to another job: its
+    heartbeat or report is refused (what it committed to the lake is reconciled by the next)."""
+    code = ErrorCode.INVALID_REQUEST
+    http_status = 409

@@ -27,6 +27,7 @@ from fluvial.client.wire import (
     CREATE_TABLE, DESCRIBE, DROP_TABLE, LIST_TABLES, OFFSETS, AppendRequest, ScanRequest, ScanStats, schema_from_b64,
 )
 from fluvial.errors import InvalidRequestError
+from fluvial.tiering.lake import actions as lake_actions
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class TableFlightServer(flight.FlightServerBase):
         return flight.SchemaResult(catalog.schema_with_field_ids(catalog.user_schema(self._table(name))))
 
     def list_actions(self, context):
-        return list(ACTIONS.items()) + list(pk_api.ACTIONS.items())
+        return list(ACTIONS.items()) + list(pk_api.ACTIONS.items()) + list(lake_actions.ACTIONS.items())
 
     @flight_errors
     def do_action(self, context, action):
@@ -118,6 +119,9 @@ class TableFlightServer(flight.FlightServerBase):
         pk_results = pk_api.do_action(self, kind, body)
         if pk_results is not None:
             return pk_results
+        lake_results = lake_actions.do_action(self, kind, body)
+        if lake_results is not None:
+            return lake_results
         if kind == LIST_TABLES:
             result: Any = [catalog.describe(t) for t in sorted(self.broker.tables.tables.values(), key=lambda t: t.name)]
         elif kind == DESCRIBE:

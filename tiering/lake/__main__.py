@@ -1,0 +1,5 @@
+import sys
+
+from fluvial.tiering.lake.cli import main
+
+sys.exit(main())
