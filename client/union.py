@@ -22,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fluvial.client.wire import COMPARISONS, FILTER_OPS, ScanStats
+from fluvial.client.predicates import Filter, filter_mask, parse_filter
+from fluvial.client.wire import ScanStats
 from fluvial.errors import InvalidRequestError, UnknownColumnError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,10 +49,6 @@ SYSTEM_FIELDS = {f.name: f for f in (
     pa.field("_schema_id", pa.int32(), nullable=False),
     pa.field("_bucket", pa.int32(), nullable=False),
 )}
-
-_COMPARE = {"=": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal,
-            ">": pc.greater, ">=": pc.greater_equal}
-
 
 class LakeReadError(InvalidRequestError):
     """A union or lake read that cannot be answered as asked (the message says why and what to use)."""
@@ -235,29 +232,9 @@ def conform(table: pa.Table, fields: list[pa.Field]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema([f.remove_metadata() for f in fields]))
 
 
-def filter_mask(table: pa.Table, filters: list[list[Any]], types: dict[str, pa.DataType]) -> pa.ChunkedArray | None:
-    """Rows passing every filter, with the table API's semantics (a comparison with null
-    never holds)."""
-    mask = None
-    for column, op, value in filters:
-        col = table.column(column)
-        t = types[column]
-        if op in COMPARISONS:
-            m = _COMPARE[op](col, pa.scalar(value, t))
-        elif op == "in":
-            m = pc.is_in(col, value_set=pa.array(list(value), t))
-        elif op == "not in":
-            m = pc.and_(pc.invert(pc.is_in(col, value_set=pa.array(list(value), t))), pc.is_valid(col))
-        elif op == "is_null":
-            m = pc.is_null(col)
-        else:
-            m = pc.is_valid(col)
-        mask = m if mask is None else pc.and_kleene(mask, m)
-    return mask
-
-
-def apply_filters(table: pa.Table, filters: list[list[Any]], types: dict[str, pa.DataType]) -> pa.Table:
-    mask = filter_mask(table, filters, types)
+def apply_filters(table: pa.Table, filters: list[Filter]) -> pa.Table:
+    """Rows passing every filter, judged exactly as the broker judges log rows."""
+    mask = filter_mask(table, filters) if filters else None
     return table if mask is None else table.filter(mask, null_selection_behavior="drop")
 
 
@@ -324,8 +301,7 @@ class UnionScan:
         self.fields = [self._field(n, users) for n in self.columns]
         if len(set(self.columns)) != len(self.columns):
             raise InvalidRequestError(f"columns named twice in {self.columns}")
-        self.types = {n: self._field(n, users).type for n in {*self.columns, *(f[0] for f in self.filter)}}
-        self._check_filters()
+        self.parsed = self._parse_filters(users)
         self._check_options()
         self.schema = pa.schema([f.remove_metadata() for f in self.fields])
         self.stats = ScanStats()
@@ -342,24 +318,11 @@ class UnionScan:
                                 f"which have no {name!r}; read the changelog with source='log'")
         return f
 
-    def _check_filters(self) -> None:
-        for f in self.filter:
-            if len(f) != 3 or f[1] not in FILTER_OPS:
-                raise InvalidRequestError(f"a filter is (column, op, value) with op one of {list(FILTER_OPS)}, not {f!r}")
-            if f[0] == "_bucket":
-                raise InvalidRequestError("_bucket cannot be filtered on; choose the buckets to scan instead")
-            if f[1] in ("in", "not in") and not isinstance(f[2], (list, tuple, set, frozenset)):
-                raise InvalidRequestError(f"filter {f[0]} {f[1]} needs a list of values, not {f[2]!r}")
-            if f[1] in COMPARISONS and f[2] is None:
-                raise InvalidRequestError(f"filter {f[0]} {f[1]} None: use is_null / not_null")
-            try:
-                if f[1] in COMPARISONS:
-                    pa.scalar(f[2], self.types[f[0]])
-                elif f[1] in ("in", "not in"):
-                    pa.array(list(f[2]), self.types[f[0]])
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-                raise InvalidRequestError(f"filter value {f[2]!r} does not fit column {f[0]!r} of type "
-                                          f"{self.types[f[0]]}: {exc}") from None
+    def _parse_filters(self, users: dict[str, pa.Field]) -> list[Filter]:
+        parsed = [parse_filter(f, lambda name: self._field(name, users)) for f in self.filter]
+        if any(f.column == "_bucket" for f in parsed):
+            raise InvalidRequestError("_bucket cannot be filtered on; choose the buckets to scan instead")
+        return parsed
 
     def _check_options(self) -> None:
         if self.primary_key:
@@ -471,7 +434,7 @@ class UnionScan:
         if "_change" in self.columns and lake.num_rows:  # lake rows of a log table are appends
             lake = lake.set_column(lake.column_names.index("_change"), "_change",
                                    pa.array(np.zeros(lake.num_rows, dtype=np.int8)))
-        lake = apply_filters(lake, self.filter, self.types)
+        lake = apply_filters(lake, self.parsed)
         log = pa.table({})
         if self.source == "union":
             scan = self._log_scan(plan, list(dict.fromkeys([*self.columns, "_bucket"])), filtered=True)
@@ -495,7 +458,7 @@ class UnionScan:
                 changes = scan.to_arrow()
                 self.stats.add(scan.stats)
                 lake = fold_changelog(lake, changes, key)
-        rows = apply_filters(lake, self.filter, self.types)
+        rows = apply_filters(lake, self.parsed)
         return conform(rows, list(self.schema))
 
     def to_pandas(self, **kwargs):
