@@ -221,9 +221,9 @@ class Table:
         source: "union" (the lake snapshot, then the log from exactly the offsets it covers:
             every row once, also rows the broker no longer holds; for primary-key tables
             the current rows), "lake" (the lake snapshot only) or "log" (the broker only).
-            Default: "union" for lake-enabled log tables read from "earliest" or from
-            offsets, else "log" (a primary-key table's scan stays its changelog unless
-            source="union" asks for the current rows).
+            Default: "union" for lake-enabled log tables read from "earliest", else "log"
+            (a scan from offsets or a time is positional; a primary-key table's scan stays
+            its changelog unless source="union" asks for the current rows).
         lake_catalog: extra catalog properties for reading the lake (credentials the broker
             does not hand out).
 

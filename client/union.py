@@ -78,17 +78,14 @@ def is_lake_enabled(configs: dict[str, str]) -> bool:
 
 
 def default_source(table: "Table", start: Any) -> str:
-    """What a scan reads when no source is given: lake-enabled log tables read as the union
-    when the start is a position the lake can hold; everything else reads the log. A
-    primary-key table's scan stays its changelog (the union gives current rows instead, a
-    different result, so it must be asked for)."""
+    """What a scan reads when no source is given: a lake-enabled log table read from its
+    beginning ("earliest") is read as the union; a scan from given offsets or a time is a
+    positional read of the log (what tiering jobs and Spark's log ranges do). A primary-key
+    table's scan stays its changelog: the union gives current rows instead, a different
+    result, so it must be asked for."""
     if not is_lake_enabled(table.info.configs) or table.info.primary_key:
         return "log"
-    if start == "earliest" or isinstance(start, int) and not isinstance(start, bool):
-        return "union"
-    if isinstance(start, dict) and all(v == "earliest" or isinstance(v, int) for v in start.values()):
-        return "union"
-    return "log"
+    return "union" if start == "earliest" else "log"
 
 
 def lake_info(table: "Table") -> LakeInfo | None:

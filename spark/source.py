@@ -17,6 +17,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 import fluvial.client as fc
+from fluvial.spark import union as spark_union
 from fluvial.spark.types import METADATA_FIELDS, UnsupportedTypeError, arrow_schema, conform, same_type, spark_schema
 
 try:  # Spark 4.1+
@@ -70,6 +71,8 @@ class Options:
     primary_key: tuple[str, ...] | None
     buckets: int
     kafka_format: str | None
+    source: str | None = None                 # union | lake | log; None: decided per table
+    lake_catalog: tuple[tuple[str, str], ...] = ()  # extra catalog properties (`lake.catalog.<key>`)
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], streaming: bool = False) -> "Options":
@@ -100,7 +103,19 @@ class Options:
             if opts.get("primarykey") else None,
             buckets=_positive(opts, "buckets", 1),
             kafka_format=opts.get("kafkaformat"),
+            source=_source_option(opts.get("source")),
+            lake_catalog=tuple(sorted((k[len("lake.catalog."):], v) for k, v in dict(raw).items()
+                                      if k.lower().startswith("lake.catalog."))),
         )
+
+
+def _source_option(value: str | None) -> str | None:
+    if value is None:
+        return None
+    source = value.strip().lower()
+    if source not in spark_union.SOURCES:
+        raise FluvialSparkError(f"option 'source' must be one of {list(spark_union.SOURCES)}, not {value!r}")
+    return source
 
 
 def _positive(opts: dict, key: str, default: Any, allow_zero: bool = False) -> Any:
@@ -269,7 +284,7 @@ class _Scan:
                 with fc.connect(self.url) as client:
                     table = fc.Table(client, client.describe(self.table))
                     scan = table.scan(columns=columns, filter=[list(f) for f in self.filters] or None,
-                                      start=offset, end=part.end, buckets=[part.bucket])
+                                      start=offset, end=part.end, buckets=[part.bucket], source="log")
                     for batch in scan.to_batches():
                         outage_ends = None
                         rows_sent += batch.num_rows
@@ -321,8 +336,34 @@ class FluvialReader(DataSourceReader):
         self.schema = schema
         self.types = {f.name: f.type for f in [*info.schema, *METADATA_FIELDS]}
         self.pushed: list[tuple[str, str, Any]] = []
+        self.source = opts.source or spark_union.default_source(info, opts.starting)
+        # Union and lake reads pin the lake snapshot here, on the driver: every task then
+        # reads that snapshot and the log from exactly the offsets it covers.
+        self.lake: spark_union.LakeRead | None = None
+        if self.source != "log":
+            self.lake = self._pin(info)
 
-    def partitions(self) -> Sequence[BucketRange]:
+    def _pin(self, info: fc.TableInfo) -> "spark_union.LakeRead":
+        try:
+            spark_union.check_columns(info, self.schema.fieldNames())
+            if info.primary_key and (self.opts.starting != "earliest" or self.opts.ending != "latest"):
+                raise FluvialSparkError(f"a union read of primary-key table {info.name!r} gives its current rows: "
+                                        f"it takes no startingOffsets/endingOffsets (read the changelog with "
+                                        f"option('source', 'log'))")
+            with fc.connect(self.opts.url) as client:
+                lake = spark_union.LakeRead.pin(self.opts.url, info, client, dict(self.opts.lake_catalog))
+        except fc.FluvialError as exc:
+            raise FluvialSparkError(f"Fluvial table {self.opts.table!r}: {exc}") from None
+        for b in range(info.buckets):  # offsets asked for, as far as the lake's rows go
+            start = self.opts.starting.get(b, -2) if isinstance(self.opts.starting, dict) else self.opts.starting
+            end = self.opts.ending.get(b, -1) if isinstance(self.opts.ending, dict) else self.opts.ending
+            lake.bounds[b] = (0 if start in ("earliest", -2) else int(start),
+                              1 << 62 if end in ("latest", -1) else int(end))
+        return lake
+
+    def partitions(self) -> list[InputPartition]:
+        if self.source != "log":
+            return self._union_partitions()
         parts: list[BucketRange] = []
         for b in _offsets(self.opts):
             start = max(_resolve(self.opts.starting, b, "earliest"), b.log_start)
@@ -330,10 +371,54 @@ class FluvialReader(DataSourceReader):
             parts += split_ranges(b.bucket, start, end, self.opts.max_records_per_partition)
         return parts or [BucketRange(0, 0, 0)]
 
-    def read(self, partition: BucketRange) -> Iterator[pa.RecordBatch]:
+    def _union_partitions(self) -> list[InputPartition]:
+        """Lake file tasks, then the log after the pinned snapshot (per bucket)."""
+        lake = self.lake
+        assert lake is not None
+        offsets = _offsets(self.opts)
+        names = self.schema.fieldNames()
+        parts: list[InputPartition] = []
+        changed = None
+        if lake.primary_key and self.source == "union":
+            with fc.connect(self.opts.url) as client:
+                changed = lake.read_changed_keys(client, {b.bucket: b.high_watermark for b in offsets})
+        parts += lake.file_partitions(names, self.pushed, changed)
+        if self.source == "union":
+            for b in offsets:
+                tiered = lake.lake_end.get(b.bucket, 0)
+                if lake.primary_key:
+                    if b.log_start > tiered:
+                        raise FluvialSparkError(
+                            f"primary-key table {self.opts.table!r}: the changelog of bucket {b.bucket} after the lake "
+                            f"snapshot starts at {tiered}, the broker holds it from {b.log_start} only")
+                    if b.high_watermark > tiered:
+                        parts.append(spark_union.ChangelogRange(b.bucket, tiered, b.high_watermark))
+                    continue
+                start = _resolve(self.opts.starting, b, "earliest")
+                end = min(_resolve(self.opts.ending, b, "latest"), b.high_watermark)
+                parts += split_ranges(b.bucket, max(start, tiered, b.log_start), end,
+                                      self.opts.max_records_per_partition)
+        return parts or [BucketRange(0, 0, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, (spark_union.LakeFiles, spark_union.ChangelogRange)):
+            return self._read_lake_side(partition)
         if partition.end <= partition.start:
             return iter(())
         return _scan_for(self.opts, self.schema, self.pushed).read(partition)
+
+    def _read_lake_side(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        lake = self.lake
+        assert lake is not None
+        target = arrow_schema(self.schema)
+        names = self.schema.fieldNames()
+        try:
+            if isinstance(partition, spark_union.LakeFiles):
+                yield from lake.read_files(partition, names, self.pushed, target)
+            else:
+                yield from lake.read_changelog(partition, names, self.pushed, target)
+        except fc.FluvialError as exc:
+            raise FluvialSparkError(f"reading Fluvial table {self.opts.table!r}: {exc}") from None
 
 
 class FluvialFilteringReader(FluvialReader):

@@ -1,0 +1,195 @@
+"""Union reads in `format("fluvial")`: a lake-enabled table read as one table by Spark tasks.
+
+Input partitions: one per lake data file of the pinned Iceberg snapshot (pyiceberg plans
+them with the pushed filters and projection; each task reads its file with ranged Parquet
+reads), then the broker's log from exactly the offsets that snapshot covers, per bucket.
+Primary-key tables: lake tasks drop the rows whose key changed after the snapshot (the
+driver reads the changed keys once) and one task per bucket folds the changelog after the
+snapshot into the current rows of those keys.
+"""
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+
+import fluvial.client as fc
+from fluvial.client import union
+from fluvial.client.predicates import parse_filter
+from fluvial.spark.types import conform as spark_conform
+
+SOURCES = union.SOURCES
+
+
+@dataclass(frozen=True)
+class LakeFiles(InputPartition):
+    """One task's lake data files (pickled pyiceberg FileScanTasks of the pinned snapshot)."""
+
+    index: int
+    tasks: bytes
+    changed_keys: bytes | None = None   # PK tables: keys changed after the snapshot (Arrow IPC)
+
+
+@dataclass(frozen=True)
+class ChangelogRange(InputPartition):
+    """A primary-key table's changelog after the lake snapshot, of one bucket: [start, end)."""
+
+    bucket: int
+    start: int
+    end: int
+
+
+@dataclass
+class LakeRead:
+    """What every task of a union read needs (pickled to the executors with the reader)."""
+
+    url: str
+    table: str
+    catalog: dict[str, str]
+    identifier: tuple[str, ...]
+    snapshot_id: int | None
+    lake_end: dict[int, int]            # bucket -> end offset the snapshot covers
+    bounds: dict[int, tuple[int, int]]  # log tables: bucket -> [start, end) offsets asked for
+    primary_key: tuple[str, ...]
+    user_fields: bytes                  # the table's user schema (Arrow IPC)
+
+    # -- planning (driver) -------------------------------------------------------------------
+
+    @classmethod
+    def pin(cls, url: str, info: fc.TableInfo, client: fc.Client, catalog_options: dict[str, str]) -> "LakeRead":
+        table = fc.Table(client, info)
+        lake = union.lake_info(table)
+        if lake is None:
+            raise union.LakeReadError(f"table {info.name!r} is not lake-enabled (set fluvial.lake.enable=true); "
+                                      f"read it with option('source', 'log')")
+        pinned = union.pin(lake, catalog_options)
+        return cls(url, info.name, {**lake.catalog, **catalog_options}, tuple(lake.identifier), pinned.snapshot_id,
+                   dict(pinned.offsets), {}, tuple(info.primary_key or ()),
+                   pa.schema(list(info.schema)).serialize().to_pybytes())
+
+    def users(self) -> pa.Schema:
+        return pa.ipc.read_schema(pa.py_buffer(self.user_fields))
+
+    def _iceberg(self) -> Any:
+        return union.load_catalog(self.catalog).load_table(self.identifier)
+
+    def lake_columns(self, names: Sequence[str], filters: Sequence[Sequence[Any]]) -> list[str]:
+        extra = list(self.primary_key) if self.primary_key else ["_bucket", "_offset"]
+        return list(dict.fromkeys([*names, *extra, *(f[0] for f in filters)]))
+
+    def file_partitions(self, names: Sequence[str], filters: Sequence[Sequence[Any]],
+                        changed_keys: bytes | None = None) -> list[LakeFiles]:
+        if self.snapshot_id is None:
+            return []
+        iceberg = self._iceberg()
+        lake_cols = {f.name for f in iceberg.schema().fields}
+        cols = [c for c in self.lake_columns(names, filters) if c in lake_cols]
+        scan = iceberg.scan(row_filter=union.iceberg_filter([list(f) for f in filters], lake_cols),
+                            selected_fields=tuple(cols) or ("*",), snapshot_id=self.snapshot_id)
+        return [LakeFiles(i, pickle.dumps([task]), changed_keys) for i, task in enumerate(scan.plan_files())]
+
+    def read_changed_keys(self, client: fc.Client, ends: dict[int, int]) -> bytes:
+        """PK tables: every key the changelog after the snapshot touches (read once, on the driver)."""
+        table = fc.Table(client, client.describe(self.table))
+        start = {b: self.lake_end.get(b, 0) for b in ends if ends[b] > self.lake_end.get(b, 0)}
+        if not start:
+            keys = self.users().empty_table().select(list(self.primary_key))
+        else:
+            keys = table.scan(columns=list(self.primary_key), start=start, end={b: ends[b] for b in start},
+                              buckets=sorted(start), source="log").to_arrow()
+            keys = keys.group_by(list(self.primary_key)).aggregate([]) if keys.num_rows else keys
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, keys.schema) as w:
+            w.write_table(keys)
+        return sink.getvalue().to_pybytes()
+
+    # -- reading (executors) -----------------------------------------------------------------
+
+    def _fields(self, names: Sequence[str]) -> list[pa.Field]:
+        users = {f.name: f for f in self.users()}
+        return [users.get(n) or union.SYSTEM_FIELDS[n] for n in names]
+
+    def read_files(self, part: LakeFiles, names: Sequence[str], filters: Sequence[Sequence[Any]],
+                   target: pa.Schema) -> Iterator[pa.RecordBatch]:
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        iceberg = self._iceberg()
+        lake_cols = {f.name for f in iceberg.schema().fields}
+        want = self.lake_columns(names, filters)
+        present = [c for c in want if c in lake_cols]
+        scan = iceberg.scan(row_filter=union.iceberg_filter([list(f) for f in filters], lake_cols),
+                            selected_fields=tuple(present), snapshot_id=self.snapshot_id)
+        rows = ArrowScan(iceberg.metadata, iceberg.io, scan.projection(), scan.row_filter, True).to_table(
+            pickle.loads(part.tasks))
+        rows = union.conform(rows, self._fields(want))
+        if "_change" in names:  # lake rows of a log table are appends
+            rows = rows.set_column(rows.column_names.index("_change"), "_change",
+                                   pa.nulls(rows.num_rows, pa.int8()).fill_null(0))
+        if self.primary_key:
+            if part.changed_keys and rows.num_rows:
+                keys = pa.ipc.open_stream(part.changed_keys).read_all()
+                if keys.num_rows:
+                    rows = rows.join(keys, keys=list(self.primary_key), join_type="left anti").select(want)
+        else:
+            rows = self._within_bounds(rows)
+        rows = union.apply_filters(rows, self._parsed(filters, want))
+        for batch in rows.to_batches():
+            yield spark_conform(batch, target)
+
+    def _within_bounds(self, rows: pa.Table) -> pa.Table:
+        """Lake rows of the offsets asked for (startingOffsets/endingOffsets), never past the
+        snapshot's end."""
+        if rows.num_rows == 0:
+            return rows
+        import numpy as np
+
+        n = max([*self.lake_end, *self.bounds, -1]) + 1
+        lo = np.zeros(n, dtype=np.int64)
+        hi = np.array([self.lake_end.get(b, 0) for b in range(n)], dtype=np.int64)
+        for b, (s, e) in self.bounds.items():
+            lo[b], hi[b] = s, min(hi[b], e)
+        b = rows.column("_bucket").to_numpy().astype(np.int64)
+        o = rows.column("_offset").to_numpy()
+        inside = b < n
+        keep = inside & (o >= lo[np.minimum(b, n - 1)]) & (o < hi[np.minimum(b, n - 1)])
+        return rows if keep.all() else rows.filter(pa.array(keep))
+
+    def _parsed(self, filters: Sequence[Sequence[Any]], names: Sequence[str]):
+        fields = {f.name: f for f in self._fields(list(dict.fromkeys([*names, *(f[0] for f in filters)])))}
+        return [parse_filter(list(f), fields.__getitem__) for f in filters]
+
+    def read_changelog(self, part: ChangelogRange, names: Sequence[str], filters: Sequence[Sequence[Any]],
+                       target: pa.Schema) -> Iterator[pa.RecordBatch]:
+        want = list(dict.fromkeys([*self.primary_key, *names, *(f[0] for f in filters)]))
+        with fc.connect(self.url) as client:
+            table = fc.Table(client, client.describe(self.table))
+            changes = table.scan(columns=[*want, "_change"], start={part.bucket: part.start},
+                                 end={part.bucket: part.end}, buckets=[part.bucket], source="log").to_arrow()
+        empty = union.conform(pa.table({}), self._fields(want)).slice(0, 0)
+        rows = union.fold_changelog(empty, changes, list(self.primary_key))
+        rows = union.apply_filters(rows, self._parsed(filters, want))
+        for batch in rows.to_batches():
+            yield spark_conform(batch, target)
+
+
+def default_source(info: fc.TableInfo, starting: Any) -> str:
+    """As the client decides: lake-enabled log tables read from 'earliest' are read as the
+    union; reads from offsets, and primary-key tables (their changelog), read the log unless
+    the union is asked for."""
+    if not union.is_lake_enabled(info.configs) or info.primary_key:
+        return "log"
+    return "union" if starting == "earliest" else "log"
+
+
+def check_columns(info: fc.TableInfo, names: Sequence[str]) -> None:
+    if info.primary_key:
+        system = [n for n in names if n.startswith("_") and n not in info.schema.names]
+        if system:
+            raise union.LakeReadError(f"a union read of primary-key table {info.name!r} gives current rows, which "
+                                      f"have no {system}; read the changelog with option('source', 'log')")
+
+
+__all__ = ["ChangelogRange", "LakeFiles", "LakeRead", "SOURCES", "check_columns", "default_source"]
