@@ -8,6 +8,10 @@ of its own:
 
     python3 -m venv /tmp/paimon && /tmp/paimon/bin/pip install pypaimon
     /tmp/paimon/bin/python benchmarks/paimon_probe.py     # -> benchmarks/results/paimon_probe.json
+
+and, to see whether only the pins stand in the way, in one with the project's pyarrow and
+pandas and pypaimon installed with `pip install --no-deps pypaimon` (its other
+requirements by hand): `--out benchmarks/results/paimon_probe_pyarrow26.json`.
 """
 from __future__ import annotations
 
@@ -82,6 +86,12 @@ def probe() -> dict:
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "paimon_probe.json"))
+    ap.add_argument("--note", default="", help="how this environment was made (recorded with the result)")
+    args = ap.parse_args()
     result: dict = {"python": sys.version.split()[0], "machine": platform.machine(), "loadavg": os.getloadavg()}
     try:
         result.update(probe())
@@ -89,7 +99,8 @@ def main() -> None:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = traceback.format_exc()
     print(json.dumps(result, indent=2, default=str))
-    target = Path(__file__).parent / "results" / "paimon_probe.json"
+    result["note"] = args.note
+    target = Path(args.out)
     target.parent.mkdir(exist_ok=True)
     target.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
