@@ -1020,6 +1020,17 @@ async def snapshot(table: Table) -> list[SnapshotInfo]:
     return await _service().snapshot(table)
 
 
+def remote_snapshot(bucket: Bucket) -> dict | None:
+    """Where a client reads the bucket's newest remote snapshot: the store (URL and public
+    options, never credentials) and the snapshot; None when the table keeps none remotely."""
+    kv = _state(bucket.table).buckets[bucket.index]
+    remote = kv.remote or _service().remote_snapshots(bucket.table, bucket.index)
+    if remote is None:
+        return None
+    snap = remote.latest()
+    return {"store": remote.store.public_description(), "snapshot": snap.to_json() if snap else None}
+
+
 def snapshots(table: Table) -> list[list[SnapshotInfo]]:
     """The snapshots kept for each bucket, oldest first."""
     return [kv.snapshots.list() for kv in _state(table).buckets]

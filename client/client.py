@@ -304,9 +304,15 @@ class Table:
         """The KV snapshots kept for each bucket."""
         return pk.snapshots(self)
 
-    def full_read(self) -> "pk.FullRead":
-        """Current rows plus the exact changelog offsets after them (`.changelog()` scans on)."""
-        return pk.full_read(self)
+    def full_read(self, source: str = "broker") -> "pk.FullRead":
+        """Rows plus the exact changelog offsets after them (`.changelog()` scans on).
+
+        source: "broker" (the current rows, read by the broker from RocksDB) or "snapshot"
+            (each bucket's newest KV snapshot read straight from the object store as Parquet,
+            no broker CPU; the rows as of the snapshot's offset, `.current()` folds in the
+            changelog after it). Buckets without a remote snapshot are read from the broker.
+        """
+        return pk.full_read(self, source)
 
 
 def _as_batches(data: Any) -> list[pa.RecordBatch]:

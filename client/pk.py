@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -16,6 +16,7 @@ PREFIX_LOOKUP = "prefix-lookup"
 KV_SNAPSHOT = "kv-snapshot"
 KV_SNAPSHOTS = "kv-snapshots"
 FULL_READ = "full-read"
+REMOTE_SNAPSHOT = "kv-remote-snapshot"
 
 
 def table_configs(primary_key=None, bucket_key=None, merge_engine=None, version_column=None) -> dict[str, str]:
@@ -104,23 +105,67 @@ def snapshots(table) -> list[list[dict]]:
 
 @dataclass
 class FullRead:
-    """A primary-key table read whole: its current rows, then the changelog after them.
-    `offsets[bucket]` is the exact changelog offset where each bucket's rows end."""
+    """A primary-key table read whole: its rows, then the changelog after them.
+    `offsets[bucket]` is the exact changelog offset where each bucket's rows end. Read from
+    the broker the rows are the current ones; read from remote snapshots they are the rows
+    at each snapshot's offset (`sources[bucket]` says which), and `current()` applies the
+    changelog after them."""
 
     rows: pa.Table
     offsets: dict[int, int]
     table: Any
+    sources: dict[int, str] = field(default_factory=dict)  # bucket -> "broker" | "snapshot"
+    bytes_read: int = 0  # fetched from the object store
 
-    def changelog(self, columns=None):
+    def changelog(self, columns=None, end=None):
         """The changelog after the rows (a Scan; `.follow()` tails it)."""
         cols = list(columns) if columns else ["_change", *self.table.schema.names]
-        return self.table.scan(columns=cols, start=dict(self.offsets))
+        return self.table.scan(columns=cols, start=dict(self.offsets), end=end)
+
+    def current(self) -> pa.Table:
+        """The current rows: these rows with the changelog after them applied by key."""
+        from fluvial.client.union import fold_changelog
+        names = self.table.schema.names
+        changes = self.changelog(["_change", *names]).to_arrow()
+        return fold_changelog(self.rows, changes, list(self.table.info.primary_key))
 
 
-def full_read(table) -> FullRead:
-    parts, offsets = [], {}
+def full_read(table, source: str = "broker") -> FullRead:
+    if source not in ("broker", "snapshot"):
+        raise ValueError(f"source must be 'broker' or 'snapshot', not {source!r}")
+    parts, offsets, sources = [], {}, {}
+    bytes_read = 0
     for b in range(table.info.buckets):
+        if source == "snapshot":
+            got = _snapshot_rows(table, b)
+            if got is not None:
+                rows, offsets[b], read = got
+                parts.append(rows)
+                sources[b] = "snapshot"
+                bytes_read += read
+                continue
         result = pa.ipc.open_stream(_call(table.client, FULL_READ, {"table": table.name, "bucket": b})).read_all()
         offsets[b] = int(result.schema.metadata[b"fluvial.log_offset"])
         parts.append(result.replace_schema_metadata(None))
-    return FullRead(pa.concat_tables(parts), offsets, table)
+        sources[b] = "broker"
+    schema = parts[0].schema
+    return FullRead(pa.concat_tables([p.cast(schema) if p.schema != schema else p for p in parts]), offsets, table,
+                    sources, bytes_read)
+
+
+def _snapshot_rows(table, bucket: int) -> tuple[pa.Table, int, int] | None:
+    """The rows of the bucket's newest remote snapshot, read from the object store with the
+    client's own credentials, with the offset they cover; None when there is none."""
+    body = json.loads(_call(table.client, REMOTE_SNAPSHOT, {"table": table.name, "bucket": bucket}) or b"null")
+    if not body or not body.get("snapshot"):
+        return None
+    from fluvial.client.remote import StoreCache
+    from fluvial.tiering.kv_snapshots import RemoteKvSnapshot, read_snapshot_rows
+    snap = RemoteKvSnapshot.from_json(body["snapshot"])
+    stores = StoreCache(table.client.object_store_options)
+    try:
+        store = stores.open(body["store"])
+        rows = read_snapshot_rows(store, snap)
+        return rows, snap.log_offset, store.stats.bytes_read
+    finally:
+        stores.close()

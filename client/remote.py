@@ -227,6 +227,8 @@ def _wanted_ranges(reader, store, segment, offset: int, end: int | None, filters
 
 
 def _segment_columns(reader, store, segment) -> list[str]:
+    """The stored columns of a remote segment (segments written before a schema change lack
+    later columns; `read_columns` adds them as the evolution rules say)."""
     return reader.segment_schema(store, segment).names
 
 

@@ -24,6 +24,7 @@ PREFIX_LOOKUP = "prefix-lookup"
 KV_SNAPSHOT = "kv-snapshot"
 KV_SNAPSHOTS = "kv-snapshots"
 FULL_READ = "full-read"
+REMOTE_SNAPSHOT = "kv-remote-snapshot"
 PK_OPS = ("upsert", "delete")
 
 ACTIONS = {
@@ -32,6 +33,8 @@ ACTIONS = {
                    "result: Arrow IPC.",
     KV_SNAPSHOT: "Take a KV snapshot of every bucket now. Body: {table}; result: JSON list of snapshots.",
     KV_SNAPSHOTS: "The KV snapshots kept per bucket. Body: {table}; result: JSON.",
+    REMOTE_SNAPSHOT: "Where the newest KV snapshot of a bucket is in the object store. Body: {table, bucket}; "
+                     "result: JSON {store: {url, options}, snapshot} or null.",
     FULL_READ: "Current rows of a bucket and the changelog offset they cover. Body: {table, bucket}; result: "
                "Arrow IPC whose schema metadata `fluvial.log_offset` is the offset to scan the changelog from.",
 }
@@ -109,5 +112,7 @@ def do_action(server, kind: str, body: dict) -> list[flight.Result] | None:
         per_bucket = pk_tables.snapshots(table)
         return [flight.Result(json.dumps([[i.to_json() for i in b] for b in per_bucket]).encode())]
     bucket = table.bucket(int(body.get("bucket", 0)))
+    if kind == REMOTE_SNAPSHOT:
+        return [flight.Result(json.dumps(pk_tables.remote_snapshot(bucket)).encode())]
     rows, offset = server._on_loop(pk_tables.full_read, bucket)
     return [flight.Result(ipc_bytes(rows, {"fluvial.log_offset": str(offset)}))]
