@@ -589,10 +589,41 @@ def remote_storage_enabled(table: Table) -> bool:
     return str(value).lower() == "true"
 
 
-def _remote_log(bucket: Bucket):
-    """The bucket's tiered changelog, when part of it is in the object store (None before
-    the remote log exists)."""
-    return None
+@dataclass
+class TieredChangelog:
+    """The part of a bucket's changelog that is in the object store (its committed manifest)."""
+
+    store: object
+    manifest: object  # RemoteLogManifest
+
+    @property
+    def start(self) -> int:
+        return self.manifest.log_start_offset
+
+    def read(self, offset: int, max_bytes: int) -> list[StoredBatch]:
+        from fluvial.tiering.remote_segment import read_remote_batches
+        segment = self.manifest.segment_for(offset)
+        if segment is None:
+            return []
+        out, size = [], 0
+        for stored in read_remote_batches(self.store, segment, offset):
+            out.append(stored)
+            size += stored.batch.nbytes
+            if size >= max_bytes:
+                break
+        return out
+
+
+def _remote_log(bucket: Bucket) -> TieredChangelog | None:
+    """The bucket's tiered changelog, when part of it is in the object store."""
+    svc = _SERVICE.get("service")
+    store = getattr(svc.broker, "object_store", None) if svc is not None else None
+    if store is None:
+        return None
+    from fluvial.tiering.remote_log_manifest import ManifestStore
+    table = bucket.table
+    manifest = ManifestStore(svc.broker.store).load(table.name, str(table.topic_id), bucket.index)
+    return TieredChangelog(store, manifest) if manifest.segments else None
 
 
 def catch_up(tablet: KvTablet, bucket: Bucket) -> int:

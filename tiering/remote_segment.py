@@ -273,6 +273,11 @@ class RemoteSegmentReader:
     def batch_metas(self, store: ObjectStore, segment: RemoteSegment) -> list[BatchMeta]:
         return [e.meta for e in self._footer(store, segment).entries]
 
+    def segment_schema(self, store: ObjectStore, segment: RemoteSegment) -> pa.Schema:
+        """The stored columns of the segment (from the footer): a segment written before a
+        schema change lacks the later columns."""
+        return self._footer(store, segment).metadata.schema.to_arrow_schema()
+
 
 _DEFAULT_READER = RemoteSegmentReader()
 
