@@ -33,7 +33,7 @@ def test_lake_types():
     assert lake_type(pa.dictionary(pa.int32(), pa.large_string())) == pa.string()
     assert lake_type(pa.list_(pa.int8())) == pa.list_(pa.field("item", pa.int32()))
     log = lake_arrow_schema(pa.schema([("value", pa.binary())]), None, raw=True)
-    assert log.names == ["value", "_bucket", "_offset", "_timestamp", "_key"]
+    assert log.names == ["value", "_bucket", "_offset", "_timestamp"]
     pk = lake_arrow_schema(pa.schema([("id", pa.int64()), ("v", pa.string())]), ["id"], raw=False)
     assert pk.names == ["id", "v"] and not pk.field("id").nullable
 

@@ -1,8 +1,8 @@
 """Fluvial table columns -> lake table columns (Arrow types Iceberg can hold), and batches conformed to them.
 
 A log table's lake table holds its user columns, then `_bucket`, `_offset` and
-`_timestamp` (and `_key` for a raw table, whose Kafka key is the only way to tell its
-records apart); a primary-key table's holds its user columns only, the primary key as
+`_timestamp` (`_bucket` and `_offset` name a row's place in the log: the union read joins
+lake and log on them); a primary-key table's holds its user columns only, the primary key as
 Iceberg identifier fields: the lake keeps the current row of each key.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.types as pt
 
-BUCKET, OFFSET, TIMESTAMP, KEY, CHANGE = "_bucket", "_offset", "_timestamp", "_key", "_change"
+BUCKET, OFFSET, TIMESTAMP, CHANGE = "_bucket", "_offset", "_timestamp", "_change"
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 
 # Changelog kinds (`_change`) after which a key has no row: -U (update before) and -D.
@@ -76,8 +76,6 @@ def lake_arrow_schema(user_schema: pa.Schema, primary_key: list[str] | None, raw
         return pa.schema([f.with_nullable(False) if f.name in primary_key else f for f in fields])
     system = [pa.field(BUCKET, pa.int32(), False), pa.field(OFFSET, pa.int64(), False),
               pa.field(TIMESTAMP, TIMESTAMP_TYPE, False)]
-    if raw:
-        system.append(pa.field(KEY, pa.binary()))
     return pa.schema(fields + system)
 
 
@@ -86,7 +84,7 @@ def read_columns(user_schema: pa.Schema, primary_key: list[str] | None, raw: boo
     users = list(user_schema.names)
     if primary_key:
         return users + [OFFSET, CHANGE]
-    return users + [BUCKET, OFFSET, TIMESTAMP] + ([KEY] if raw else [])
+    return users + [BUCKET, OFFSET, TIMESTAMP]
 
 
 def conform(data: pa.Table | pa.RecordBatch, target: pa.Schema) -> pa.Table:
