@@ -16,7 +16,7 @@ from tests.support.lake import lake_info_for, sort_rows, sql_catalog, tier_log_r
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), ("city", pa.string()), ("amount", pa.float64()),
                     ("qty", pa.int16()), ("day", pa.date32())])
 CITIES = ["Oslo", "Lima", None, "Pune"]
-LAKE_CONFIGS: dict[str, str] = {}
+LAKE_CONFIGS = {"fluvial.lake.enable": "true"}
 
 
 @pytest.fixture
@@ -27,7 +27,9 @@ def client(broker):
 
 @pytest.fixture
 def lake(tmp_path, monkeypatch):
-    """A SQL catalog in a temporary folder; the broker's `lake-info` answer points at it."""
+    """A lake in an exact state: a SQL catalog in a temporary folder, written by the test
+    (tests/support/lake.py), which the `lake-info` answers point at. Tables tiered by the
+    real tiering code are in test_union_read_tiered.py."""
     catalog, props = sql_catalog(tmp_path / "lake")
     tables: dict[str, object] = {}
 
@@ -87,8 +89,8 @@ def test_union_equals_kafka_read_also_after_retention(broker, client, lake, topi
     assert len(expected) == 3300
 
     cols = ["id", "city", "amount", "qty", "day", "_bucket", "_offset"]
-    scan = t.scan(columns=cols, source="union")
-    assert isinstance(scan, union.UnionScan)  # lake-enabled: union by default
+    scan = t.scan(columns=cols)
+    assert isinstance(scan, union.UnionScan)  # lake-enabled, read from the beginning: union by default
     got = scan.to_arrow()
     log_schema = t.scan(columns=cols, source="log", end=0).to_arrow().schema
     assert [(f.name, f.type) for f in got.schema] == [(f.name, f.type) for f in log_schema]
