@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover
     ReadAllAvailable = ReadMaxRows = ReadLimit = None  # type: ignore[assignment,misc]
 
 DEFAULT_URL = "grpc://127.0.0.1:8815"
+OBJECT_STORE_PREFIX = "objectstore."
 # Large buckets are read by several tasks: each reads at most this many offsets.
 DEFAULT_MAX_RECORDS_PER_PARTITION = 1_000_000
 # How long a read or an offset lookup keeps retrying while the broker cannot be reached
@@ -193,9 +194,20 @@ def _describe(opts: Options) -> fc.TableInfo:
 
 
 def _offsets(opts: Options) -> list[fc.BucketOffsets]:
+    """Each bucket's offsets; the log start is the first offset still readable, in the object
+    store when the bucket's early segments are tiered."""
+    def read(client: fc.Client) -> list[fc.BucketOffsets]:
+        out = []
+        for o in fc.Table(client, client.describe(opts.table)).offsets():
+            tiered = client.remote_log(opts.table, o.bucket, 0)
+            if tiered is not None and tiered.log_start_offset < o.log_start:
+                o = fc.BucketOffsets(o.bucket, tiered.log_start_offset, o.high_watermark)
+            out.append(o)
+        return out
+
     try:
         with fc.connect(opts.url) as client:
-            return _with_retry(opts.retry_ms, lambda: fc.Table(client, client.describe(opts.table)).offsets())
+            return _with_retry(opts.retry_ms, lambda: read(client))
     except fc.FluvialError as exc:
         raise _translate(exc, opts) from None
 
@@ -270,6 +282,7 @@ class _Scan:
     schema_json: str
     retry_ms: int
     stats_dir: str | None
+    object_store_options: tuple[tuple[str, str], ...] = ()
 
     def read(self, part: BucketRange) -> Iterator[pa.RecordBatch]:
         target = arrow_schema(StructType.fromJson(json.loads(self.schema_json)))
@@ -281,7 +294,7 @@ class _Scan:
         stats = fc.ScanStats()
         while offset < part.end:
             try:
-                with fc.connect(self.url) as client:
+                with fc.connect(self.url, object_store_options=dict(self.object_store_options)) as client:
                     table = fc.Table(client, client.describe(self.table))
                     scan = table.scan(columns=columns, filter=[list(f) for f in self.filters] or None,
                                       start=offset, end=part.end, buckets=[part.bucket], source="log")
@@ -325,7 +338,7 @@ def read_scan_stats(folder: str) -> list[dict]:
 
 def _scan_for(opts: Options, schema: StructType, filters=()) -> _Scan:
     return _Scan(opts.url, opts.table, tuple(schema.fieldNames()), tuple(filters), schema.json(), opts.retry_ms,
-                 opts.scan_stats_dir)
+                 opts.scan_stats_dir, opts.object_store_options)
 
 
 class FluvialReader(DataSourceReader):
