@@ -14,6 +14,8 @@ from fluvial.broker.metadata import MetadataStore
 from fluvial.broker.server import KafkaServer
 from fluvial.broker.tables import TableManager
 from fluvial.broker.wire_cache import WireCache
+from fluvial.tiering.object_store import open_object_store
+from fluvial.tiering.remote_log_manager import RemoteLogManager
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,10 @@ class Broker:
         self.wire_cache = WireCache(config.wire_cache_bytes)
         # Whichever path deletes a table (Kafka, table API), its cached batches go with it.
         self.tables.deleted_hooks.append(lambda table: self.wire_cache.drop_table(table.name))
+        # Internal tiering: closed segments of tables with remote storage go to this store.
+        self.object_store = open_object_store(config.object_store_url or (self.data_dir / "remote").absolute().as_uri(),
+                                              config.object_store_options or None)
+        self.remote_log = RemoteLogManager(self, self.object_store)
         self.kafka = KafkaServer(self)
         self.kafka_port: int | None = None
         self._background: list[asyncio.Task] = []
@@ -65,6 +71,7 @@ class Broker:
             await hook(self)
         self.kafka_port = await self.kafka.start(self.config.host, self.config.kafka_port)
         self._background.append(asyncio.create_task(self._retention_loop(), name="retention"))
+        self._background.append(asyncio.create_task(self.remote_log.run(), name="remote-log"))
         if self.config.flush_policy == "interval":
             self._background.append(asyncio.create_task(self._flush_loop(), name="interval-flush"))
         settle_garbage_collector()
@@ -80,6 +87,7 @@ class Broker:
             await hook(self)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.io_executor, self._flush_all)
+        self.remote_log.close()
         self.tables.close()
         self.io_executor.shutdown(wait=True)
         self.cpu_executor.shutdown(wait=True)

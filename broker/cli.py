@@ -62,6 +62,15 @@ def add_broker_parser(sub) -> None:
                    help="tier lake tables inside the broker (no Spark job needed on a single machine)")
     p.add_argument("--lake-lease-ms", type=int, default=d.lake_lease_ms,
                    help="how long a tiering job's lease lasts without a heartbeat")
+    p.add_argument("--object-store", default=None,
+                   help="where tiered data goes: file:///path or s3://bucket/prefix (default: <data-dir>/remote)")
+    p.add_argument("--object-store-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="object store option (repeatable): endpoint_url, region, access_key_id, secret_access_key")
+    p.add_argument("--remote-storage-enable", choices=["true", "false"], default="false",
+                   help="default of the topic config remote.storage.enable")
+    p.add_argument("--remote-log-manager-interval-ms", type=int, default=d.remote_log_manager_interval_ms)
+    p.add_argument("--remote-upload-concurrency", type=int, default=d.remote_upload_concurrency)
+    p.add_argument("--remote-read-cache-bytes", type=int, default=d.remote_read_cache_bytes)
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
 
@@ -80,7 +89,13 @@ def config_from_args(args) -> BrokerConfig:
                         group_max_session_timeout_ms=args.group_max_session_timeout_ms,
                         offsets_retention_minutes=args.offsets_retention_minutes,
                         lake_catalog_options=key_values(args.lake_catalog_option, "--lake-catalog-option"),
-                        lake_tiering=args.lake_tiering, lake_lease_ms=args.lake_lease_ms)
+                        lake_tiering=args.lake_tiering, lake_lease_ms=args.lake_lease_ms,
+                        object_store_url=args.object_store,
+                        object_store_options=key_values(args.object_store_option, "--object-store-option"),
+                        remote_storage_enable=args.remote_storage_enable == "true",
+                        remote_log_manager_interval_ms=args.remote_log_manager_interval_ms,
+                        remote_upload_concurrency=args.remote_upload_concurrency,
+                        remote_read_cache_bytes=args.remote_read_cache_bytes)
 
 
 def key_values(items: list[str], option: str) -> dict[str, str]:

@@ -40,6 +40,16 @@ class BrokerConfig:
     lake_catalog_options: dict[str, str] = field(default_factory=dict)
     lake_tiering: bool = False
     lake_lease_ms: int = 30_000
+    # Internal tiering: where closed segments go ("file://..." or "s3://bucket/prefix"; None:
+    # <data-dir>/remote), the store's options, and the default of `remote.storage.enable`.
+    object_store_url: str | None = None
+    object_store_options: dict[str, str] = field(default_factory=dict)
+    remote_storage_enable: bool = False
+    # How often the remote log manager looks for segments to upload or expire.
+    remote_log_manager_interval_ms: int = 5_000
+    remote_upload_concurrency: int = 2
+    # Bounded cache of remote data (footers and row groups) for Kafka reads of tiered offsets.
+    remote_read_cache_bytes: int = 64 * 1024 * 1024
 
     @property
     def advertised(self) -> str:
@@ -75,6 +85,12 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {c.name: c for c in [
     TopicConfigDef("min.insync.replicas", "1", "int", "Single-node broker: always 1."),
     TopicConfigDef("flush.messages", "9223372036854775807", "long", "Informational; see the broker's flush policy."),
     TopicConfigDef("flush.ms", "9223372036854775807", "long", "Informational; see the broker's flush policy."),
+    TopicConfigDef("remote.storage.enable", "false", "bool",
+                   "Upload closed segments to the object store; local copies go after local.retention.*."),
+    TopicConfigDef("local.retention.ms", "-2", "long",
+                   "With remote storage: keep local copies of uploaded segments this long (-2: retention.ms)."),
+    TopicConfigDef("local.retention.bytes", "-2", "long",
+                   "With remote storage: keep at most this many bytes of local copies per bucket (-2: retention.bytes)."),
     TopicConfigDef("fluvial.value.format", "raw", "string", "Value format on the Kafka path.", ("raw", "avro", "json"), immutable=True),
     TopicConfigDef("fluvial.value.schema", "", "string", "Avro schema of the values (value format avro)."),
     TopicConfigDef("fluvial.primary.key", "", "string",
@@ -135,7 +151,25 @@ def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
         if d.valid and value not in d.valid:
             raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: must be one of {list(d.valid)}")
         out[name] = value
+    _check_local_retention(out)
     return out
+
+
+def _check_local_retention(configs: dict[str, str]) -> None:
+    """Kafka's rules: local.retention.* is -2 (follow retention.*), -1 (unbounded, only with an
+    unbounded total) or at most retention.*."""
+    from fluvial.errors import InvalidConfigError
+
+    for local_name, total_name in (("local.retention.ms", "retention.ms"), ("local.retention.bytes", "retention.bytes")):
+        local = int(configs.get(local_name, TOPIC_CONFIGS[local_name].default))
+        total = int(configs.get(total_name, TOPIC_CONFIGS[total_name].default))
+        if local < -2:
+            raise InvalidConfigError(f"Invalid value {local} for configuration {local_name}: must be -2, -1 or >= 0")
+        if local == -2:
+            continue
+        if total >= 0 and (local == -1 or local > total):
+            raise InvalidConfigError(f"Invalid value {local} for configuration {local_name}: it must not be "
+                                     f"larger than {total_name} ({total})")
 
 
 def check_alterable(current: dict[str, str], new: dict[str, str]) -> None:

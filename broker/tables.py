@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from fluvial.broker import kafka_batches
-from fluvial.broker.config import TOPIC_CONFIGS, BrokerConfig, check_alterable, validate_topic_configs
+from fluvial.broker.config import TOPIC_CONFIGS, BrokerConfig, check_alterable, config_flag, validate_topic_configs
 from fluvial.broker.log import BatchMeta, FlushPolicy, LogConfig, LogTablet
 from fluvial.broker.metadata import MetadataStore
 from fluvial.errors import InvalidPartitionsError, InvalidTableError, TableExistsError, UnknownTableError
@@ -115,6 +115,9 @@ class Bucket:
         self.tablet = tablet
         self.group_commit = GroupCommit(tablet, io_executor, self._wake_readers)
         self._data_arrived = asyncio.Event()
+        # The first offset of the remote log when the bucket has one (set by the remote log
+        # manager from the committed manifest); None: everything is local.
+        self.remote_log_start: int | None = None
         tablet.start_leader_epoch(self.leader_epoch)
 
     # A single-node broker is the only leader a bucket ever has: its epoch stays 0.
@@ -123,6 +126,13 @@ class Bucket:
     @property
     def key(self) -> tuple[str, int]:
         return (self.table.name, self.index)
+
+    @property
+    def log_start_offset(self) -> int:
+        """The bucket's log start as Kafka clients see it: the remote one when data is tiered."""
+        local = self.tablet.log_start_offset
+        remote = self.remote_log_start
+        return local if remote is None else min(remote, local)
 
     def append(self, records: pa.RecordBatch, meta: BatchMeta) -> BatchMeta:
         written = self.tablet.append(records, meta, leader_epoch=self.leader_epoch)
@@ -154,9 +164,18 @@ class Table:
     # How Kafka values map to stored columns: RAW, or a typed (Avro/JSON) format
     # attached by the registry service.
     value_format: object = kafka_batches.RAW
+    # Topic config defaults the broker's own settings give (e.g. remote.storage.enable).
+    broker_defaults: dict[str, str] = field(default_factory=dict)
 
     def config(self, name: str) -> str:
-        return self.configs.get(name, TOPIC_CONFIGS[name].default)
+        value = self.configs.get(name)
+        if value is None:
+            value = self.broker_defaults.get(name, TOPIC_CONFIGS[name].default)
+        return value
+
+    @property
+    def remote_storage_enabled(self) -> bool:
+        return config_flag(self.config("remote.storage.enable"))
 
     def fixed_buckets_reason(self) -> str | None:
         """Why the bucket count must not change, or None. Log tables may grow; tables whose
@@ -171,15 +190,28 @@ class Table:
         return self.buckets[index]
 
 
+def broker_topic_defaults(broker: BrokerConfig) -> dict[str, str]:
+    return {"remote.storage.enable": "true"} if broker.remote_storage_enable else {}
+
+
 def log_config_for(table_configs: dict[str, str], broker: BrokerConfig) -> LogConfig:
     def get(name: str) -> int:
         return int(table_configs.get(name, TOPIC_CONFIGS[name].default))
 
+    retention_ms, retention_bytes = get("retention.ms"), get("retention.bytes")
+    remote = config_flag(table_configs.get("remote.storage.enable", broker_topic_defaults(broker).get(
+        "remote.storage.enable", TOPIC_CONFIGS["remote.storage.enable"].default)))
+    if remote:
+        # The local tablet keeps copies for local.retention.*; retention.* covers the whole
+        # log and is enforced on the remote log by the remote log manager.
+        local_ms, local_bytes = get("local.retention.ms"), get("local.retention.bytes")
+        retention_ms = retention_ms if local_ms == -2 else local_ms
+        retention_bytes = retention_bytes if local_bytes == -2 else local_bytes
     return LogConfig(
         segment_bytes=get("segment.bytes"),
         segment_ms=get("segment.ms"),
-        retention_ms=get("retention.ms"),
-        retention_bytes=get("retention.bytes"),
+        retention_ms=retention_ms,
+        retention_bytes=retention_bytes,
         index_interval_bytes=get("index.interval.bytes"),
         flush_policy=FlushPolicy(broker.flush_policy),
         flush_interval_ms=broker.flush_interval_ms,
@@ -224,7 +256,8 @@ class TableManager:
     def open_all(self) -> None:
         """Open every table at start-up, before any listener serves (blocking is fine here)."""
         for row in self.store.query("SELECT name, topic_id, buckets, configs, created_ms FROM tables"):
-            table = Table(row["name"], uuid.UUID(row["topic_id"]), json.loads(row["configs"]), row["created_ms"])
+            table = Table(row["name"], uuid.UUID(row["topic_id"]), json.loads(row["configs"]), row["created_ms"],
+                          broker_defaults=broker_topic_defaults(self.config))
             for i in range(row["buckets"]):
                 table.buckets.append(self._open_bucket(table, i))
             self._publish(table, self._prepare_open(table))
@@ -285,7 +318,8 @@ class TableManager:
         if buckets > 10_000:
             raise InvalidPartitionsError(f"Number of partitions {buckets} is above the limit of 10000")
         overrides = validate_topic_configs(configs or {})
-        table = Table(name, uuid.uuid4(), overrides, int(time.time() * 1000))
+        table = Table(name, uuid.uuid4(), overrides, int(time.time() * 1000),
+                      broker_defaults=broker_topic_defaults(self.config))
         reserved = self._reserve(name)
         try:
             publishers = await self._off_loop(self._create_on_disk, table, buckets, validate_only)

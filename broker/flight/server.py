@@ -19,6 +19,7 @@ import pyarrow.flight as flight
 from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.flight import catalog
 from fluvial.broker.flight import pk as pk_api
+from fluvial.broker.flight import tiering as tiering_api
 from fluvial.broker.flight.append import append_on_loop, split_for_kafka, to_stored, writer_schema_id
 from fluvial.broker.flight.errors import flight_errors, guard
 from fluvial.broker.flight.scan import plan_scan, scan_bucket
@@ -110,7 +111,7 @@ class TableFlightServer(flight.FlightServerBase):
         return flight.SchemaResult(catalog.schema_with_field_ids(catalog.user_schema(self._table(name))))
 
     def list_actions(self, context):
-        return list(ACTIONS.items()) + list(pk_api.ACTIONS.items()) + list(lake_actions.ACTIONS.items())
+        return list(ACTIONS.items()) + list(pk_api.ACTIONS.items()) + list(lake_actions.ACTIONS.items()) + list(tiering_api.ACTIONS.items())
 
     @flight_errors
     def do_action(self, context, action):
@@ -122,6 +123,9 @@ class TableFlightServer(flight.FlightServerBase):
         lake_results = lake_actions.do_action(self, kind, body)
         if lake_results is not None:
             return lake_results
+        tiering_results = tiering_api.do_action(self, kind, body)
+        if tiering_results is not None:
+            return tiering_results
         if kind == LIST_TABLES:
             result: Any = [catalog.describe(t) for t in sorted(self.broker.tables.tables.values(), key=lambda t: t.name)]
         elif kind == DESCRIBE:

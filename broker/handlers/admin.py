@@ -120,7 +120,9 @@ async def delete_records(ctx: RequestContext, request):
                 if not 0 <= target <= tablet.high_watermark:
                     raise OffsetOutOfRangeError(
                         f"offset {p.offset} is outside [0, {tablet.high_watermark}] of {t.name}-{p.partition_index}")
-                low = await loop.run_in_executor(ctx.broker.io_executor, tablet.advance_log_start, target)
+                # Covers the remote log too: its start moves, expired objects go.
+                low = await loop.run_in_executor(ctx.broker.remote_log.executor, ctx.broker.remote_log.delete_records,
+                                                 bucket, target)
                 parts.append(DRR.DeleteRecordsTopicResult.DeleteRecordsPartitionResult(
                     partition_index=p.partition_index, low_watermark=low, error_code=0))
             except FluvialError as exc:

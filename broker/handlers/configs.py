@@ -27,15 +27,20 @@ def topic_config_entries(table, keys: list[str] | None, synonyms: bool, docs: bo
         if keys is not None and name not in keys:
             continue
         overridden = name in table.configs
-        value = table.configs.get(name, d.default)
+        broker_default = getattr(table, "broker_defaults", {}).get(name)
+        value = table.configs.get(name, broker_default if broker_default is not None else d.default)
+        source = SOURCE_DYNAMIC_TOPIC if overridden else SOURCE_STATIC_BROKER if broker_default is not None \
+            else SOURCE_DEFAULT
         syn = []
         if synonyms:
             if overridden:
                 syn.append(Synonym(name=name, value=value, source=SOURCE_DYNAMIC_TOPIC))
+            if broker_default is not None:
+                syn.append(Synonym(name=name, value=broker_default, source=SOURCE_STATIC_BROKER))
             syn.append(Synonym(name=name, value=d.default, source=SOURCE_DEFAULT))
         entries.append(Entry(name=name, value=value, read_only=False,
-                             config_source=SOURCE_DYNAMIC_TOPIC if overridden else SOURCE_DEFAULT,
-                             is_default=not overridden, is_sensitive=False, synonyms=syn,
+                             config_source=source,
+                             is_default=source == SOURCE_DEFAULT, is_sensitive=False, synonyms=syn,
                              config_type=CONFIG_TYPE[d.kind], documentation=d.doc if docs else None))
     return entries
 
@@ -49,6 +54,8 @@ def broker_config_entries(ctx: RequestContext, keys: list[str] | None) -> list:
         "socket.request.max.bytes": str(cfg.max_request_bytes),
         "log.dirs": str(ctx.broker.data_dir / "log"),
         "fluvial.flush.policy": cfg.flush_policy,
+        "remote.storage.enable": str(cfg.remote_storage_enable).lower(),
+        "fluvial.object.store": ctx.broker.object_store.url,
     }
     return [Entry(name=k, value=v, read_only=True, config_source=SOURCE_STATIC_BROKER, is_default=False,
                   is_sensitive=False, synonyms=[], config_type=2, documentation=None)

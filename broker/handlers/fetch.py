@@ -20,13 +20,21 @@ from fluvial.protocol.messages import ApiKey
 
 
 def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int) -> tuple[list[bytes], int]:
-    """Encoded batches from `offset`, at most about `max_bytes` (at least one batch)."""
+    """Encoded batches from `offset`, at most about `max_bytes` (at least one batch).
+
+    Offsets below the local log that the remote log holds are read from the object store
+    (the caller runs this on an executor then)."""
     cache = ctx.broker.wire_cache
     compression = bucket.table.config("compression.type")
     out: list[bytes] = []
     size = 0
     pk_view = pk_tables.kafka_view(bucket.table)
-    for stored in bucket.tablet.read(offset, max_bytes):
+    remote_log = ctx.broker.remote_log
+    if remote_log.serves(bucket, offset):
+        source = remote_log.read_batches(bucket, offset, max_bytes)
+    else:
+        source = bucket.tablet.read(offset, max_bytes)
+    for stored in source:
         if pk_view is not None:
             wire = pk_view(stored, compression_type=compression, leader_epoch=bucket.leader_epoch)
             if wire is None:
@@ -57,7 +65,7 @@ def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int) -> tu
 
 def _partition_result(index: int, code: int, bucket=None, records: list[bytes] | None = None) -> FetchedPartition:
     hw = bucket.tablet.high_watermark if bucket is not None else -1
-    start = bucket.tablet.log_start_offset if bucket is not None else -1
+    start = bucket.log_start_offset if bucket is not None else -1
     return FetchedPartition(index, code, hw, hw, start, records if records is not None else [])
 
 
@@ -155,6 +163,10 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
                 cached = ctx.broker.wire_cache.tail(bucket.table.name, bucket.index, p.fetch_offset, end, limit)
             if cached is not None:
                 batches, size = cached
+            elif p.fetch_offset < tablet.log_start_offset and ctx.broker.remote_log.serves(bucket, p.fetch_offset):
+                # Tiered offsets: object store reads, never on the event loop.
+                batches, size = await loop.run_in_executor(
+                    ctx.broker.remote_log.executor, _read_bucket, ctx, bucket, p.fetch_offset, limit)
             elif limit > 256 * 1024 or bucket.table.value_format is not kafka_batches.RAW:
                 # Large reads and typed tables (values re-encoded from columns) are CPU work.
                 batches, size = await loop.run_in_executor(

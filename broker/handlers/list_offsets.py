@@ -1,6 +1,8 @@
 """ListOffsets: earliest, latest, max timestamp, or the first offset at/after a timestamp."""
 from __future__ import annotations
 
+import asyncio
+
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.errors import FluvialError
 from fluvial.protocol.errors import ErrorCode
@@ -16,22 +18,33 @@ EARLIEST_LOCAL = -4
 LATEST_TIERED = -5
 
 
-def lookup(bucket, timestamp: int) -> tuple[int, int]:
-    """(timestamp, offset) answered for one bucket; (-1, -1) when nothing matches."""
+def lookup(bucket, timestamp: int, remote_log=None) -> tuple[int, int]:
+    """(timestamp, offset) answered for one bucket; (-1, -1) when nothing matches.
+
+    With a remote log (``remote_log`` given and the bucket has tiered data) this reads the
+    object store: the caller runs it on an executor."""
     tablet = bucket.tablet
+    tiered = remote_log is not None and bucket.remote_log_start is not None
     if timestamp == LATEST:
         return -1, tablet.high_watermark
-    if timestamp in (EARLIEST, EARLIEST_LOCAL):
+    if timestamp == EARLIEST:
+        return -1, bucket.log_start_offset
+    if timestamp == EARLIEST_LOCAL:
         return -1, tablet.log_start_offset
     if timestamp == LATEST_TIERED:
-        # Nothing is tiered to remote storage yet: no tiered offset.
-        return -1, -1
+        manifest = remote_log.manifest(bucket) if tiered else None
+        return -1, (manifest.end_offset - 1 if manifest is not None and manifest.segments else -1)
     if timestamp == MAX_TIMESTAMP:
         found = tablet.max_timestamp()
+        remote = remote_log.max_timestamp(bucket) if tiered else None
+        if remote is not None and (found is None or remote[1] >= found[1]):
+            found = remote  # the earlier offset on ties
         return (found[1], found[0]) if found else (-1, -1)
     if timestamp < 0:
         raise FluvialError(f"unknown special timestamp {timestamp}", code=ErrorCode.INVALID_REQUEST)
-    found = tablet.offset_for_timestamp(timestamp)
+    found = remote_log.offset_for_timestamp(bucket, timestamp) if tiered else None
+    if found is None:
+        found = tablet.offset_for_timestamp(timestamp)
     return (found[1], found[0]) if found else (-1, -1)
 
 
@@ -43,7 +56,12 @@ async def list_offsets(ctx: RequestContext, request):
         for p in t.partitions:
             try:
                 bucket = ctx.broker.tables.get(t.name).bucket(p.partition_index)
-                ts, offset = lookup(bucket, p.timestamp)
+                if bucket.remote_log_start is not None and p.timestamp not in (LATEST, EARLIEST, EARLIEST_LOCAL):
+                    remote_log = ctx.broker.remote_log
+                    ts, offset = await asyncio.get_running_loop().run_in_executor(
+                        remote_log.executor, lookup, bucket, p.timestamp, remote_log)
+                else:
+                    ts, offset = lookup(bucket, p.timestamp)
                 parts.append(PartitionResponse(partition_index=p.partition_index, error_code=0, timestamp=ts,
                                                offset=offset, leader_epoch=bucket.leader_epoch))
             except FluvialError as exc:

@@ -136,7 +136,7 @@ async def produce(ctx: RequestContext, request):
                 if duplicate is not None:
                     p.response = PartitionResponse(index=p.index, error_code=0, base_offset=duplicate.base_offset,
                                                    log_append_time_ms=-1,
-                                                   log_start_offset=bucket.tablet.log_start_offset)
+                                                   log_start_offset=bucket.log_start_offset)
                     if acks == -1 and broker.config.flush_policy == "ack":
                         # The original may still be waiting for its fsync.
                         durable_waits.append((p, bucket.group_commit.wait_durable(duplicate.last_offset + 1)))
@@ -166,7 +166,7 @@ async def produce(ctx: RequestContext, request):
             broker.wire_cache.put(p.topic, p.index, written.base_offset, p.wire)
         p.response = PartitionResponse(index=p.index, error_code=0, base_offset=written.base_offset,
                                        log_append_time_ms=lat.get(p.topic, -1),
-                                       log_start_offset=bucket.tablet.log_start_offset)
+                                       log_start_offset=bucket.log_start_offset)
         if acks == -1 and broker.config.flush_policy == "ack":
             durable_waits.append((p, bucket.group_commit.wait_durable(written.base_offset + written.record_count)))
 

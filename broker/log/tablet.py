@@ -89,6 +89,10 @@ class LogTablet:
         # Called with the new segment's base offset after each roll, by the appending thread
         # under the write lock: must be quick and must not raise (e.g. producer-state snapshots).
         self.roll_listeners: list = []
+        # With remote storage: retention may delete only segments wholly below this offset
+        # (the end of the committed remote log), so no local copy goes before it is uploaded.
+        # None: no such limit.
+        self.retention_limit_offset: int | None = None
 
     # -- opening and recovery -------------------------------------------------------------
 
@@ -547,6 +551,7 @@ class LogTablet:
             cut = 0
             while cut < len(closed) and closed[cut].state.next_offset <= self._log_start:
                 cut += 1
+            deleted_records = cut  # wholly below the log start: unreadable, always deletable
             if self.config.retention_ms >= 0:
                 while cut < len(closed) and now - closed[cut].state.max_timestamp > self.config.retention_ms:
                     cut += 1
@@ -555,6 +560,10 @@ class LogTablet:
                 while cut < len(closed) and total - closed[cut].state.size >= self.config.retention_bytes:
                     total -= closed[cut].state.size
                     cut += 1
+            limit = self.retention_limit_offset
+            if limit is not None:
+                while cut > deleted_records and closed[cut - 1].state.next_offset > limit:
+                    cut -= 1
             doomed = self._drop_oldest(cut)
         # Unlinking big files and fsyncing the epoch file take a while: not under the lock
         # appends wait on.
