@@ -91,3 +91,29 @@ def test_alter_enables_lake_and_worker_tiers_rounds(fresh_broker):
         assert worker.run_once().rows == 50
         got = lake_rows(client.lake_info("late"))
         assert sorted(got.column("id").to_pylist()) == list(range(150))
+
+
+def test_status_and_describe_commands(fresh_broker):
+    import subprocess
+    import sys
+
+    broker = fresh_broker()
+    with fc.connect(broker.flight_url) as client:
+        client.create_table("shown", SCHEMA, lake=True).append(rows(0, 40))
+    TieringWorker(broker.flight_url).run_once()
+
+    def fluvial(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "fluvial.broker", *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    status = fluvial("lake", "status", "--url", broker.flight_url)
+    assert "shown" in status and "tiered" in status and "0:40" in status
+    described = fluvial("table", "describe", "shown", "--url", broker.flight_url)
+    assert "tiered" in described and "0:40" in described
+    import json
+    [row] = json.loads(fluvial("lake", "status", "--url", broker.flight_url, "--json"))
+    assert row["lag_records"] == 0 and row["buckets"] == [{"bucket": 0, "tiered": 40, "high_watermark": 40,
+                                                          "lag_records": 0}]
+    with pytest.raises(AssertionError):
+        fluvial("lake", "status", "--url", broker.flight_url, "--table", "nope")
