@@ -148,8 +148,8 @@ class RemoteLogManager:
     # -- the tiering loop ----------------------------------------------------------------
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.executor, self._sweep_dropped_tables)
+        # In the background: a store that is down must not hold up the tiering rounds.
+        self.executor.submit(self._sweep_dropped_tables)
         while True:
             await self.run_round()
             await asyncio.sleep(self.interval_s)

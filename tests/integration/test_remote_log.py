@@ -44,7 +44,8 @@ BASE_TS = (int(time.time()) - 3600) * 1000
 
 def produce(broker, topic: str, n: int, *, partition: int = 0, start: int = 0, base_ts: int = BASE_TS,
             **extra) -> list[tuple]:
-    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 2, "acks": "all", **extra})
+    # Small batches: segments (16 KB) roll many times, whatever the timing.
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 2, "acks": "all", "batch.size": 4096, **extra})
     sent = []
     for i in range(start, start + n):
         key, value = f"k{i}".encode(), (f"value-{i}-" + "x" * (i % 50)).encode()
@@ -129,3 +130,114 @@ def test_kafka_clients_read_tiered_offsets_byte_identical(fresh_broker, store_ar
     assert body["segments"][0]["base_offset"] == 0 and body["local_start_offset"] == status["local"]["start_offset"] \
         or body["local_start_offset"] >= status["local"]["start_offset"]
     assert "secret_access_key" not in json.dumps(body)
+
+
+def raw_fetch(broker, topic: str, offset: int):
+    from fluvial.protocol.messages import ApiKey, request_class
+    from tests.integration.test_bad_input import RawClient
+
+    c = RawClient(broker.bootstrap)
+    F = request_class(ApiKey.FETCH)
+    body = dict(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=0, session_id=0,
+                session_epoch=-1, topics=[F.FetchTopic(topic=topic, partitions=[F.FetchTopic.FetchPartition(
+                    partition=0, current_leader_epoch=-1, fetch_offset=offset, log_start_offset=-1,
+                    partition_max_bytes=1 << 20)])], forgotten_topics_data=[], rack_id="")
+    try:
+        return c.request(ApiKey.FETCH, 11, body).responses[0].partitions[0]
+    finally:
+        c.close()
+
+
+def remote_keys(broker, store, topic: str) -> list[str]:
+    return [k for k in store.list("log/") if k.split("/")[1].startswith(topic + "-")]
+
+
+def test_corrupt_or_missing_remote_object_is_a_storage_error(fresh_broker, topic_name):
+    from fluvial.protocol.errors import ErrorCode
+    from fluvial.tiering.object_store import open_object_store
+
+    broker = fresh_broker(*FAST)
+    create(broker, topic_name)
+    sent = produce(broker, topic_name, 2000)
+    status = wait_tiered(broker, topic_name, local_start_above=0)
+    store = open_object_store(str(broker.data_dir / "remote"))
+    first = sorted(remote_keys(broker, store, topic_name))[0]
+    data = bytearray(store.get(first))
+    data[len(data) // 3] ^= 0x5A
+    store.put(first, bytes(data))
+    part = raw_fetch(broker, topic_name, 0)
+    assert part.error_code == ErrorCode.KAFKA_STORAGE_ERROR and not part.records
+    store.delete([first])
+    part = raw_fetch(broker, topic_name, 0)
+    assert part.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+    assert "cannot serve" in broker.log_tail(200)
+    # Local offsets are still served, and the broker keeps serving.
+    local = status["local"]["start_offset"]
+    assert consume_confluent(broker, topic_name, 0, local, 5) == expected(sent)[local:local + 5]
+
+
+def test_store_down_keeps_produce_working_and_uploads_catch_up(fresh_broker, own_moto_s3, topic_name):
+    bucket = own_moto_s3.create_bucket()
+    broker = fresh_broker(*own_moto_s3.broker_args(bucket), *FAST)
+    create(broker, topic_name)
+    own_moto_s3.kill()
+    sent = produce(broker, topic_name, 2500)  # acknowledged while the store is down
+    deadline = time.monotonic() + 20
+    while (status := action(broker, "status", {"name": topic_name})["buckets"][0])["upload_failures"] == 0:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    assert status["remote"]["segments"] == 0 and "cannot" in status["last_error"]
+    assert status["local"]["start_offset"] == 0  # nothing local deleted before it is remote
+    own_moto_s3.start()
+    own_moto_s3.create_bucket(bucket)  # the restarted server is empty
+    wait_tiered(broker, topic_name, local_start_above=0, timeout=40)
+    deadline = time.monotonic() + 20
+    while action(broker, "status", {"name": topic_name})["buckets"][0]["upload_failures"]:
+        assert time.monotonic() < deadline  # a round that succeeds clears the failure count
+        time.sleep(0.1)
+    assert consume_confluent(broker, topic_name, 0, 0, 2500) == expected(sent)
+
+
+@pytest.mark.parametrize("step", ["remote.after_upload", "remote.after_commit"])
+def test_kill_9_at_a_tiering_step_serves_every_offset_once(fresh_broker, tmp_path, step, topic_name):
+    from fluvial.tiering.object_store import open_object_store
+    from tests.support.broker_process import BrokerProcess
+
+    # Produce with tiering off, then restart with it on and the fault armed: the first
+    # tiering round reaches the step and the broker is killed there.
+    data_dir = tmp_path / "crash"
+    broker = BrokerProcess(data_dir, "--remote-log-manager-interval-ms", "3600000", *FAST[2:]).start()
+    try:
+        create(broker, topic_name)
+        sent = produce(broker, topic_name, 2500)
+        broker.stop()
+        import os
+        os.environ["FLUVIAL_FAULT"] = step
+        try:
+            broker = BrokerProcess(data_dir, *FAST, port=broker.port)
+            broker.start()
+        finally:
+            del os.environ["FLUVIAL_FAULT"]
+        deadline = time.monotonic() + 30
+        while broker.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert broker.proc.poll() is not None, "the fault was not reached"
+        broker.proc = None
+        store = open_object_store(str(data_dir / "remote"))
+        assert remote_keys(broker, store, topic_name)  # an object is there (an orphan, or listed)
+        broker = BrokerProcess(data_dir, *FAST, port=broker.port).start()
+        status = wait_tiered(broker, topic_name, local_start_above=0)
+        assert status["log_start_offset"] == 0
+        assert consume_confluent(broker, topic_name, 0, 0, 2500) == expected(sent)
+        # Once every closed segment is tiered, the objects are exactly those the manifest
+        # lists: the orphan of the killed round was collected, nothing is served twice.
+        deadline = time.monotonic() + 30
+        while action(broker, "status", {"name": topic_name})["buckets"][0]["local"]["segments"] > 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        listed = {s["key"] for s in action(broker, "remote-segments", {"name": topic_name, "bucket": 0,
+                                                                        "start": 0})["segments"]}
+        assert set(remote_keys(broker, store, topic_name)) == listed
+    finally:
+        if broker.alive():
+            broker.stop()
