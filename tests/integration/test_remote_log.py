@@ -8,7 +8,7 @@ import time
 
 import pyarrow.flight as flight
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 TIERED_CONFIGS = {"segment.bytes": "16384", "local.retention.ms": "0", "remote.storage.enable": "true"}
@@ -241,3 +241,70 @@ def test_kill_9_at_a_tiering_step_serves_every_offset_once(fresh_broker, tmp_pat
     finally:
         if broker.alive():
             broker.stop()
+
+
+def test_delete_records_and_retention_cover_remote_data(fresh_broker, topic_name):
+    from fluvial.tiering.object_store import open_object_store
+
+    broker = fresh_broker(*FAST)
+    create(broker, topic_name)
+    sent = produce(broker, topic_name, 2500)
+    status = wait_tiered(broker, topic_name, local_start_above=1000)
+    assert status["remote"]["segments"] >= 2
+    store = open_object_store(str(broker.data_dir / "remote"))
+    before = set(remote_keys(broker, store, topic_name))
+
+    # DeleteRecords inside the remote log: the log start moves there, objects wholly below go.
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    target = 700
+    low = list(admin.delete_records([TopicPartition(topic_name, 0, target)]).values())[0].result(10)
+    assert low.low_watermark == target
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "dr"})
+    assert c.get_watermark_offsets(TopicPartition(topic_name, 0), timeout=10) == (target, 2500)
+    c.close()
+    status = action(broker, "status", {"name": topic_name})["buckets"][0]
+    assert status["remote"]["start_offset"] == target
+    after = set(remote_keys(broker, store, topic_name))
+    assert after < before and all(int(k.rsplit("/", 1)[1].split("-")[1]) > target for k in after)
+    got = consume_confluent(broker, topic_name, 0, OFFSET_BEGINNING, 2500 - target)
+    # Whole batches are served: a consumer skips records below its position, as with Kafka.
+    assert got == expected(sent, target)
+    part = raw_fetch(broker, topic_name, target - 1)
+    from fluvial.protocol.errors import ErrorCode
+    assert part.error_code == ErrorCode.OFFSET_OUT_OF_RANGE and part.log_start_offset == target
+
+    # retention.bytes covers the whole log: remote segments expire until it fits.
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
+    res = ConfigResource("topic", topic_name, incremental_configs=[
+        ConfigEntry("retention.bytes", "60000", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res])[res].result(10)
+    deadline = time.monotonic() + 20
+    while (s := action(broker, "status", {"name": topic_name})["buckets"][0])["log_start_offset"] <= target:
+        assert time.monotonic() < deadline, s
+        time.sleep(0.1)
+    start = s["log_start_offset"]
+    assert consume_confluent(broker, topic_name, 0, OFFSET_BEGINNING, 2500 - start)[0][0] == start
+
+
+def test_configs_are_described_with_sources_and_validated(fresh_broker, topic_name):
+    broker = fresh_broker("--remote-storage-enable", "true")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, 1, config={"local.retention.ms": "60000"})])[topic_name].result(10)
+    entries = list(admin.describe_configs([ConfigResource("topic", topic_name)]).values())[0].result(10)
+    enable = entries["remote.storage.enable"]
+    assert enable.value == "true" and enable.source == 4  # STATIC_BROKER_CONFIG: the broker-wide default
+    assert entries["local.retention.ms"].value == "60000" and entries["local.retention.ms"].source == 1
+    assert entries["local.retention.bytes"].value == "-2" and entries["local.retention.bytes"].is_default
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
+    for name, value in [("local.retention.ms", str(8 * 24 * 3600 * 1000)), ("local.retention.bytes", "-7"),
+                        ("remote.storage.enable", "maybe")]:
+        bad = ConfigResource("topic", topic_name, incremental_configs=[
+            ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)])
+        with pytest.raises(Exception) as err:
+            admin.incremental_alter_configs([bad])[bad].result(10)
+        assert "INVALID_CONFIG" in str(err.value) or "Invalid value" in str(err.value)
+    off = ConfigResource("topic", topic_name, incremental_configs=[
+        ConfigEntry("remote.storage.enable", "false", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([off])[off].result(10)
+    entries = list(admin.describe_configs([ConfigResource("topic", topic_name)]).values())[0].result(10)
+    assert entries["remote.storage.enable"].value == "false" and entries["remote.storage.enable"].source == 1
