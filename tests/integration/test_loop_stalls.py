@@ -14,8 +14,9 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from benchmarks.loop_probe import ResponsivenessProbe
 
-# Generous for a shared 2-core test machine: healthy runs stay under 10 ms.
-MAX_STALL_MS = 75.0
+# Healthy runs stay under 10 ms on a quiet machine; at a load average of 8 on 2 cores,
+# scheduling alone gives 50-90 ms spikes. Blocking work took 180-1,600 ms.
+MAX_STALL_MS = 150.0
 
 
 @pytest.fixture
