@@ -56,9 +56,39 @@ def topic_describe(args) -> int:
         print(f"error: topic {args.topic}: error code {topic['error_code']}", file=sys.stderr)
         return 1
     entries = {name: c["value"] for name, c in configs.get("topic", {}).get(args.topic, {}).items()}
-    _print({"topic": args.topic, "topic_id": str(topic.get("topic_id")),
-            "partitions": [p["partition_index"] for p in topic["partitions"]], "configs": entries})
+    partitions = [p["partition_index"] for p in topic["partitions"]]
+    out = {"topic": args.topic, "topic_id": str(topic.get("topic_id")), "partitions": partitions,
+           "configs": entries, "offsets": _partition_offsets(args, partitions)}
+    if args.table_api:
+        # Bytes and segment counts of the local and the remote log are not in the Kafka
+        # protocol: the table API's status action has them.
+        from fluvial.client import connect
+        with connect(args.table_api) as client:
+            out["storage"] = client.storage_status(args.topic)["buckets"]
+    _print(out)
     return 0
+
+
+def _partition_offsets(args, partitions: list[int]) -> list[dict]:
+    """Per partition: log start (remote included), local log start, last tiered offset, high watermark."""
+    from kafka import TopicPartition
+    from kafka.protocol.consumer.offsets import OffsetSpec
+
+    admin = _admin(args)
+    try:
+        specs = {"log_start": OffsetSpec.EARLIEST, "local_log_start": OffsetSpec.EARLIEST_LOCAL,
+                 "last_tiered": OffsetSpec.LATEST_TIERED, "high_watermark": OffsetSpec.LATEST}
+        rows = {p: {"partition": p} for p in partitions}
+        for name, spec in specs.items():
+            try:
+                found = admin.list_partition_offsets({TopicPartition(args.topic, p): spec for p in partitions})
+            except Exception:  # noqa: BLE001 - a broker without tiered storage may not know the spec
+                continue
+            for tp, value in found.items():
+                rows[tp.partition][name] = value.offset
+        return [rows[p] for p in partitions]
+    finally:
+        admin.close()
 
 
 def topic_create(args) -> int:
@@ -100,6 +130,8 @@ def register_topic(sub) -> None:
     q = ts.add_parser("describe")
     _add_bootstrap(q)
     q.add_argument("topic")
+    q.add_argument("--table-api", default=None, metavar="URL",
+                   help="also show local/remote bytes and segment counts from the table API (grpc://host:port)")
     q.set_defaults(run=topic_describe)
     q = ts.add_parser("create")
     _add_bootstrap(q)

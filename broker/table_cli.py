@@ -99,6 +99,7 @@ def table_describe(args) -> int:
     try:
         with _connect(args) as client:
             info = client.describe(args.table)
+            storage = client.storage_status(args.table)
             lake = client.lake_status(args.table) if info.configs.get("fluvial.lake.enable") == "true" else None
     except Exception as exc:  # noqa: BLE001
         return _fail(exc)
@@ -110,9 +111,19 @@ def table_describe(args) -> int:
         "nullable": [f.nullable for f in info.schema]})
     print(format_rows(columns))
     print()
-    print(format_rows(pa.table({"bucket": [o.bucket for o in info.offsets],
-                                "log_start": [o.log_start for o in info.offsets],
-                                "high_watermark": [o.high_watermark for o in info.offsets]})))
+    buckets = storage["buckets"]
+    print(format_rows(pa.table({
+        "bucket": [b["bucket"] for b in buckets],
+        "log_start": [b["log_start_offset"] for b in buckets],
+        "high_watermark": [b["high_watermark"] for b in buckets],
+        "local_start": [b["local"]["start_offset"] for b in buckets],
+        "local_bytes": [b["local"]["bytes"] for b in buckets],
+        "local_segments": [b["local"]["segments"] for b in buckets],
+        "remote_start": [b["remote"]["start_offset"] for b in buckets],
+        "remote_end": [b["remote"]["end_offset"] for b in buckets],
+        "remote_bytes": [b["remote"]["bytes"] for b in buckets],
+        "remote_segments": [b["remote"]["segments"] for b in buckets]})))
+    print(f"object store: {storage['object_store']['url']}")
     if lake:
         from fluvial.tiering.lake.cli import print_status
         print()

@@ -125,6 +125,10 @@ class Client:
         """Names of all tables, sorted."""
         return [t["name"] for t in self._action(LIST_TABLES)]
 
+    def storage_status(self, name: str) -> dict:
+        """Local and remote (tiered) offsets, bytes and segment counts of every bucket."""
+        return self._action("status", {"name": name})
+
     def describe(self, name: str) -> TableInfo:
         """Schema (with field ids), kind, buckets, formats and offsets of a table."""
         return TableInfo.from_json(self._action(DESCRIBE, {"table": name}))

@@ -308,3 +308,27 @@ def test_configs_are_described_with_sources_and_validated(fresh_broker, topic_na
     admin.incremental_alter_configs([off])[off].result(10)
     entries = list(admin.describe_configs([ConfigResource("topic", topic_name)]).values())[0].result(10)
     assert entries["remote.storage.enable"].value == "false" and entries["remote.storage.enable"].source == 1
+
+
+def test_describe_tools_show_local_and_remote_storage(fresh_broker, topic_name):
+    import subprocess
+    import sys
+
+    broker = fresh_broker(*FAST)
+    create(broker, topic_name)
+    produce(broker, topic_name, 2000)
+    status = wait_tiered(broker, topic_name, local_start_above=0)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "fluvial.broker", *a], capture_output=True, text=True,
+                                    timeout=60)
+    out = run("topic", "describe", topic_name, "--bootstrap", broker.bootstrap, "--table-api", broker.flight_url)
+    assert out.returncode == 0, out.stderr
+    described = json.loads(out.stdout)
+    [offsets] = described["offsets"]
+    assert offsets["log_start"] == 0 and offsets["high_watermark"] == 2000
+    assert offsets["local_log_start"] >= status["local"]["start_offset"] > 0
+    assert offsets["last_tiered"] >= offsets["local_log_start"] - 1
+    [storage] = described["storage"]
+    assert storage["remote"]["segments"] >= 1 and storage["remote"]["bytes"] > 0 and storage["local"]["bytes"] > 0
+    out = run("table", "describe", topic_name, "--url", broker.flight_url)
+    assert out.returncode == 0, out.stderr
+    assert "remote_segments" in out.stdout and "object store: file://" in out.stdout
