@@ -117,11 +117,11 @@ def main() -> None:
             native_client, r0 = client_union(table, args.runs)
             print("client union read, 2 columns:", native_client, r0)
 
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import this checkout's code
             spark = (SparkSession.builder.master("local[2]").appName("fluvial-bench-union")
                      .config("spark.jars", ",".join(fluvial.spark.kafka_jars()))
                      .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                      .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "2g")
-                     .config("spark.pyspark.python", sys.executable)
                      .config("spark.local.dir", str(Path(tmp) / "spark")).getOrCreate())
             spark.sparkContext.setLogLevel("ERROR")
             fluvial.spark.register(spark)

@@ -74,6 +74,7 @@ class Options:
     kafka_format: str | None
     source: str | None = None                 # union | lake | log; None: decided per table
     lake_catalog: tuple[tuple[str, str], ...] = ()  # extra catalog properties (`lake.catalog.<key>`)
+    object_store_options: tuple[tuple[str, str], ...] = ()  # `objectStore.<key>`: reading tiered segments
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], streaming: bool = False) -> "Options":
@@ -107,6 +108,8 @@ class Options:
             source=_source_option(opts.get("source")),
             lake_catalog=tuple(sorted((k[len("lake.catalog."):], v) for k, v in dict(raw).items()
                                       if k.lower().startswith("lake.catalog."))),
+            object_store_options=tuple(sorted((k[len(OBJECT_STORE_PREFIX):], v) for k, v in opts.items()
+                                              if k.startswith(OBJECT_STORE_PREFIX))),
         )
 
 

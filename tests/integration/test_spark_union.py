@@ -3,6 +3,7 @@ round: equal to the client's union read, with projection and pushed filters, aft
 retention; primary-key tables give their current rows; lake-only and log-only reads."""
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 
@@ -26,11 +27,12 @@ __all__ = ["lake_broker"]  # the module-scoped broker fixture, shared
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
+    # Spark's Python workers run this interpreter, so they import the code under test.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (SparkSession.builder.master("local[2]").appName("fluvial-union-tests")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.python.filterPushdown.enabled", "true")
-               .config("spark.pyspark.python", sys.executable)   # workers run the code under test
                .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-union")))
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
