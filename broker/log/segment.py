@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from fluvial.broker.log import sync_journal
+from fluvial.broker.log import fault_injection, sync_journal
 from fluvial.broker.log.batch_meta import BatchMeta
 from fluvial.broker.log.index import OffsetIndex, SparseIndex, TimeIndex
 from fluvial.broker.log.segment_format import (
@@ -31,6 +31,7 @@ _HEADER_CACHE_ENTRIES = 4096
 
 
 def _sync(fd: int, path: Path, sync) -> None:
+    fault_injection.before_fsync(path)
     if sync_journal.enabled():
         size = os.fstat(fd).st_size  # what this fsync surely covers
         sync(fd)
