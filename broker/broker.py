@@ -96,6 +96,8 @@ class Broker:
 
     def _flush_all(self) -> None:
         for bucket in self.tables.all_buckets():
+            if bucket.tablet.failure is not None:
+                continue  # offline: logged when it failed; recovery decides on the next start
             try:
                 bucket.tablet.flush()
             except Exception as exc:

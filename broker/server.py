@@ -113,8 +113,9 @@ class KafkaServer:
         except CloseConnection as exc:
             log.warning("closing connection from %s: %s", peer_s, exc)
         except asyncio.CancelledError:
+            # Only stop() cancels a connection's task. It ends quietly: asyncio's stream
+            # callback would log a cancelled connection task as an error with a traceback.
             sender.cancel()
-            raise
         finally:
             await outbox.put(None)
             try:
