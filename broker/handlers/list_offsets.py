@@ -36,6 +36,10 @@ def lookup(bucket, timestamp: int, remote_log=None) -> tuple[int, int]:
         return -1, (manifest.end_offset - 1 if manifest is not None and manifest.segments else -1)
     if timestamp == MAX_TIMESTAMP:
         found = tablet.max_timestamp()
+        if found is not None and found[0] >= tablet.high_watermark:
+            # As Kafka: a record past the high watermark (not yet fsynced under flush policy
+            # ack) is not answered; the lookup finds it once it is visible.
+            found = None
         remote = remote_log.max_timestamp(bucket) if tiered else None
         if remote is not None and (found is None or remote[1] >= found[1]):
             found = remote  # the earlier offset on ties
