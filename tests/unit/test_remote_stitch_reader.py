@@ -39,6 +39,7 @@ def tiered(request, tmp_path_factory):
     tablet = LogTablet.open(tmp / "log", LogConfig(segment_bytes=1 << 30))
     for i in range(BATCHES):
         tablet.append(stored_batch(i), BatchMeta(-1, 0, 0, -1, -1))
+    tablet.flush()  # only durable data is tiered
     if request.param == "local":
         description = {"url": (tmp / "remote").as_uri()}
         options = None
