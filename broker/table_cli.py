@@ -111,11 +111,13 @@ def table_describe(args) -> int:
         "nullable": [f.nullable for f in info.schema]})
     print(format_rows(columns))
     print()
+    print(format_rows(pa.table({"bucket": [o.bucket for o in info.offsets],
+                                "log_start": [o.log_start for o in info.offsets],
+                                "high_watermark": [o.high_watermark for o in info.offsets]})))
+    print()
     buckets = storage["buckets"]
     print(format_rows(pa.table({
         "bucket": [b["bucket"] for b in buckets],
-        "log_start": [b["log_start_offset"] for b in buckets],
-        "high_watermark": [b["high_watermark"] for b in buckets],
         "local_start": [b["local"]["start_offset"] for b in buckets],
         "local_bytes": [b["local"]["bytes"] for b in buckets],
         "local_segments": [b["local"]["segments"] for b in buckets],
