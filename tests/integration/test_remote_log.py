@@ -332,3 +332,51 @@ def test_describe_tools_show_local_and_remote_storage(fresh_broker, topic_name):
     out = run("table", "describe", topic_name, "--url", broker.flight_url)
     assert out.returncode == 0, out.stderr
     assert "remote_segments" in out.stdout and "object store: file://" in out.stdout
+
+
+def test_avro_table_tiered_is_byte_identical(fresh_broker, store_args, topic_name):
+    import random
+
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from tests.unit.test_schema_codecs import SCHEMA20, make_record
+
+    broker = fresh_broker(*store_args, *FAST)
+    create(broker, topic_name, **{"fluvial.value.format": "avro", "fluvial.value.schema": json.dumps(SCHEMA20),
+                                  "segment.bytes": "65536"})
+    sr = SchemaRegistryClient({"url": broker.http_url})
+    ser = AvroSerializer(sr, json.dumps(SCHEMA20), conf={"auto.register.schemas": False, "use.latest.version": True})
+    ctx = SerializationContext(topic_name, MessageField.VALUE)
+    rng = random.Random(5)
+    payloads = [ser(make_record(rng, i), ctx) for i in range(1500)]
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 2, "batch.size": 8192, "acks": "all",
+                  "compression.type": "zstd"})
+    for i, v in enumerate(payloads):
+        p.produce(topic_name, key=b"%d" % i, value=v, partition=0, timestamp=BASE_TS + i)
+    assert p.flush(30) == 0
+    status = wait_tiered(broker, topic_name, local_start_above=300)
+    assert status["remote"]["segments"] >= 1
+    got = consume_confluent(broker, topic_name, 0, 0, len(payloads))
+    assert [v for _, _, v, _, _ in got] == payloads  # same writer schema id, same Avro bytes
+
+
+@pytest.mark.java
+def test_java_console_consumer_reads_tiered_offsets(fresh_broker, java_tools, topic_name):
+    import subprocess
+
+    broker = fresh_broker(*FAST)
+    create(broker, topic_name)
+    sent = produce(broker, topic_name, 1500)
+    wait_tiered(broker, topic_name, local_start_above=300)
+    cmd = java_tools.java_tool("org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server",
+                               broker.bootstrap, "--topic", topic_name, "--partition", "0", "--offset", "earliest",
+                               "--max-messages", str(len(sent)), "--timeout-ms", "30000",
+                               "--property", "print.key=true", "--property", "key.separator=|",
+                               "--property", "print.offset=true")
+    res = subprocess.run(cmd, capture_output=True, timeout=120)
+    assert res.returncode == 0, res.stderr.decode()[-3000:]
+    lines = [line for line in res.stdout.decode().splitlines() if "|" in line]
+    # The separator also goes between offset and key: "Offset:N|key|value", every offset once, in order.
+    assert lines == [f"Offset:{i}|{k.decode()}|{v.decode()}" for i, (k, v, _, _) in enumerate(sent)]
