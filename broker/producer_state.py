@@ -352,18 +352,47 @@ class ProducerStateRegistry:
         self._managers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._io_executor = io_executor
         self._loop = loop
-        self._lock = threading.Lock()  # loading happens on I/O threads at startup
+        # Loads under way (the snapshot and the log after it are read by an I/O thread).
+        self._loading: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def manager(self, bucket: "Bucket") -> ProducerStateManager:
+        """The bucket's state, loaded here if it is not yet (on the event loop)."""
         manager = self._managers.get(bucket)
         if manager is None:
-            loaded = self.load(bucket)
-            with self._lock:
-                manager = self._managers.get(bucket)
-                if manager is None:
-                    manager = self._managers[bucket] = loaded
-                    self._watch_rolls(bucket)
+            manager = self._install(bucket, self.load(bucket))
         return manager
+
+    def _install(self, bucket: "Bucket", loaded: ProducerStateManager) -> ProducerStateManager:
+        manager = self._managers.get(bucket)
+        if manager is None:
+            manager = self._managers[bucket] = loaded
+            self._watch_rolls(bucket)
+        return manager
+
+    def loaded(self, bucket: "Bucket") -> bool:
+        return bucket in self._managers
+
+    def start_loading(self, buckets: Iterable["Bucket"]) -> None:
+        """Load the buckets' states in the background (I/O threads): the listeners need not
+        wait for them; a produce to a bucket still loading waits in `ensure_loaded`."""
+        for bucket in buckets:
+            if bucket not in self._managers and bucket not in self._loading:
+                self._loading[bucket] = asyncio.ensure_future(self._load_in_background(bucket))
+
+    async def ensure_loaded(self, bucket: "Bucket") -> None:
+        if bucket in self._managers:
+            return
+        task = self._loading.get(bucket)
+        if task is None:
+            task = self._loading[bucket] = asyncio.ensure_future(self._load_in_background(bucket))
+        await asyncio.shield(task)
+
+    async def _load_in_background(self, bucket: "Bucket") -> None:
+        try:
+            loaded = await asyncio.get_running_loop().run_in_executor(self._io_executor, self.load, bucket)
+            self._install(bucket, loaded)  # on the loop: the managers are only changed here
+        finally:
+            self._loading.pop(bucket, None)
 
     def _watch_rolls(self, bucket: "Bucket") -> None:
         listeners = getattr(bucket.tablet, "roll_listeners", None)

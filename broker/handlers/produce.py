@@ -132,6 +132,8 @@ async def produce(ctx: RequestContext, request):
             # the duplicate answer would acknowledge data whose fsync failed.
             bucket.tablet.check_online()
             if producer_state is not None and meta.producer_id >= 0:
+                if not producer_state.loaded(bucket):
+                    await producer_state.ensure_loaded(bucket)  # just after a restart
                 duplicate = producer_state.check(bucket, meta)
                 if duplicate is not None:
                     p.response = PartitionResponse(index=p.index, error_code=0, base_offset=duplicate.base_offset,

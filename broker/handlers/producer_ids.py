@@ -14,7 +14,7 @@ from fluvial.protocol.messages import ApiKey
 log = logging.getLogger(__name__)
 
 # How often the producer state of buckets that changed is written to their snapshots.
-SNAPSHOT_INTERVAL_S = 60.0
+SNAPSHOT_INTERVAL_S = 15.0
 
 
 @on_start
@@ -22,10 +22,10 @@ async def start_producer_state(broker) -> None:
     broker.extensions["producer_ids"] = ProducerIdManager(broker.store)
     loop = asyncio.get_running_loop()
     registry = ProducerStateRegistry(io_executor=broker.io_executor, loop=loop)
-    # Load every bucket's state before the listener opens: a snapshot read plus a replay
-    # of the batch metadata after it, off the event loop.
-    buckets = list(broker.tables.all_buckets())
-    await loop.run_in_executor(broker.io_executor, lambda: [registry.manager(b) for b in buckets])
+    # Every bucket's state is loaded in the background (its newest snapshot plus the batch
+    # headers after it, on the I/O threads): the listener opens without waiting, and only
+    # an idempotent produce to a bucket still loading waits for it.
+    registry.start_loading(list(broker.tables.all_buckets()))
     broker.extensions["producer_state"] = registry
     broker.extensions["producer_state_snapshots"] = loop.create_task(_snapshot_periodically(broker, registry))
 

@@ -92,19 +92,25 @@ class LogSegment:
 
     @classmethod
     def load(
-        cls, directory: Path, base_offset: int, index_interval_bytes: int, *, recover: bool
+        cls, directory: Path, base_offset: int, index_interval_bytes: int, *, recover: bool,
+        recover_from: int | None = None,
     ) -> LogSegment | None:
         """Open an existing segment; None when it holds no whole batch (the caller removes it).
 
         With ``recover`` every batch is checked (checksum, contiguous offsets), the file is
-        cut after the last good batch and the indexes are rebuilt. Without it the indexes are
-        trusted when they agree with the file, and only the batches after the last index
-        entry are walked; any disagreement falls back to recovery.
+        cut after the last good batch and the indexes are rebuilt; with ``recover_from`` as
+        well, batches below that offset are known to be on disk (the recovery point), so only
+        the batches from the index entry at or before it are checked. Without ``recover`` the
+        indexes are trusted when they agree with the file, and only the batches after the
+        last index entry are walked. Any disagreement falls back to full recovery.
         """
         segment = cls(directory, base_offset, index_interval_bytes)
         if not segment._load_schema():
             return None
-        if recover or not segment._load_with_indexes():
+        if recover:
+            if recover_from is None or not segment._recover_tail(recover_from):
+                segment.recover()
+        elif not segment._load_with_indexes():
             segment.recover()
         if segment.state.batch_count == 0:
             return None
@@ -166,16 +172,60 @@ class LogSegment:
         )
         return True
 
+    def _recover_tail(self, offset: int) -> bool:
+        """Recover only what may be torn: the batches from the index entry at or before
+        ``offset`` (below which everything was fsynced) to the end. The indexes are trusted
+        up to that entry when they agree with the file and the entry names the batch found
+        at its position; False (nothing changed) when they do not."""
+        size = self.data_path.stat().st_size
+        offsets = SparseIndex.read_entries(self.offset_index.path)
+        times = SparseIndex.read_entries(self.time_index.path)
+        if offsets is None or times is None or len(offsets) != len(times):
+            return False
+        offset_index = OffsetIndex(self.offset_index.path, offsets)
+        time_index = TimeIndex(self.time_index.path, times)
+        first = len(self.schema_message)
+        if not (offset_index.consistent_with(self.base_offset, first, size)
+                and time_index.consistent_with(self.base_offset)
+                and np.array_equal(time_index.values(), offset_index.keys())):
+            return False
+        keys = offset_index.keys()
+        i = int(np.searchsorted(keys, offset, side="right")) - 1
+        if i <= 0:
+            return False  # the whole segment is to be checked anyway
+        view = memoryview(self._mapped(size))
+        position = int(offsets["value"][i])
+        try:
+            first_header = parse_batch_header(view, first, size)
+            floor_header = parse_batch_header(view, position, size)
+        except SegmentFormatError:
+            return False
+        if first_header.meta.base_offset != self.base_offset or floor_header.meta.base_offset != int(keys[i]):
+            return False
+        # Entries before the floor one are kept; the floor batch gets its entry again as the
+        # walk adds it. Its time entry is the largest timestamp up to the end of that batch.
+        self.offset_index = OffsetIndex(self.offset_index.path, offsets[:i])
+        self.time_index = TimeIndex(self.time_index.path, times[:i])
+        self.state = SegmentState(position, int(keys[i]), int(times["key"][i]), first_header.meta.max_timestamp, i)
+        del view
+        self._check_batches(position, size, index_due=True)
+        return True
+
     def recover(self) -> None:
         """Check every batch, cut the file after the last good one and rebuild the indexes."""
         size = self.data_path.stat().st_size
-        view = memoryview(self._mapped(size))
         self.offset_index = OffsetIndex(self.offset_index.path)
         self.time_index = TimeIndex(self.time_index.path)
-        self.offset_index.write_through = self.time_index.write_through = False
-        self._bytes_since_index = 0
         position = len(self.schema_message)
         self.state = SegmentState(position, self.base_offset, -1, -1, 0)
+        self._check_batches(position, size, index_due=False)
+
+    def _check_batches(self, position: int, size: int, *, index_due: bool) -> None:
+        """Walk and check batches from ``position`` (the end of ``self.state``), cut the file
+        after the last good one and store the rebuilt indexes."""
+        view = memoryview(self._mapped(size))
+        self.offset_index.write_through = self.time_index.write_through = False
+        self._bytes_since_index = self._index_interval if index_due else 0
         while position < size:
             try:
                 header = parse_batch_header(view, position, size)

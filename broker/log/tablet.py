@@ -31,6 +31,9 @@ RECOVERY_POINT_CHECKPOINT = "recovery-point.checkpoint"
 
 log = logging.getLogger(__name__)
 LEADER_EPOCH_CHECKPOINT = "leader-epoch.checkpoint"
+# How often a flush also writes the recovery point: after a crash, at most about this much
+# of the newest data is checked (and at least every rolled segment is skipped).
+RECOVERY_CHECKPOINT_INTERVAL_MS = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,7 @@ class LogTablet:
         self._recovery_checkpoint = OffsetCheckpoint(directory / RECOVERY_POINT_CHECKPOINT)
         self._flushed_offset = 0
         self._last_flush_ms = _now_ms()
+        self._checkpoint_ms = 0  # when the recovery point was last written
         self._directory_dirty = False
         # A bucket directory made by this open is durable only once its parent is synced.
         self._parent_dirty = False
@@ -124,16 +128,15 @@ class LogTablet:
                 self._remove_segment_files(base)
                 continue
             next_base = bases[i + 1] if i + 1 < len(bases) else None
-            # Segments wholly below the recovery point were fsynced before it was written. The
-            # last segment's end is known only once loaded: checked again below.
-            may_be_unflushed = (next_base if next_base is not None else base + 1) > recovery_point
+            # Segments wholly below the recovery point were fsynced before it was written:
+            # trusted. A segment holding the recovery point is checked only from there on
+            # (what may be torn); segments above it entirely.
+            wholly_flushed = next_base is not None and next_base <= recovery_point
             segment = LogSegment.load(
-                self.directory, base, self.config.index_interval_bytes, recover=may_be_unflushed
+                self.directory, base, self.config.index_interval_bytes, recover=not wholly_flushed,
+                recover_from=recovery_point if base < recovery_point else None,
             )
-            if (segment is not None and not may_be_unflushed
-                    and segment.state.next_offset > recovery_point):
-                may_be_unflushed = True
-                segment.recover()
+            may_be_unflushed = segment is not None and segment.state.next_offset > recovery_point
             if segment is None or segment.state.batch_count == 0:
                 self._remove_segment_files(base)
                 expected = base
@@ -514,11 +517,14 @@ class LogTablet:
                 raise self._fail("an fsync", exc) from exc
             self._flushed_offset = target
             self._last_flush_ms = _now_ms()
-            if len(pending) > 1:
-                # Rolled segments are now durable: recovery may skip them. The checkpoint only
-                # bounds recovery work (a stale or lost one means more scanning), so no fsync.
+            if len(pending) > 1 or self._last_flush_ms - self._checkpoint_ms >= RECOVERY_CHECKPOINT_INTERVAL_MS:
+                # Everything below target is durable: recovery after a crash checks only what
+                # follows it (rolled segments are skipped, the active one is checked from the
+                # index entry before it). The checkpoint only bounds recovery work (a stale or
+                # lost one means more checking, never less), so no fsync.
                 try:
                     self._recovery_checkpoint.write(target, durable=False)
+                    self._checkpoint_ms = self._last_flush_ms
                 except OSError as exc:
                     log.warning("recovery point of %s not updated: %s", self.directory, exc)
 

@@ -317,3 +317,45 @@ def test_segments_written_after_the_last_flush_are_verified(tmp_path):
     first_batch = list(ipc.open_stream(victim))[0]
     assert reopened.log_end_offset == first_batch.column("_offset")[-1].as_py() + 1
     assert all_rows(reopened).column("_offset").to_pylist() == list(range(reopened.log_end_offset))
+
+
+def test_only_batches_past_the_recovery_point_are_checked(tmp_path, monkeypatch):
+    """The active segment holds the recovery point: batches below it were fsynced and are
+    not checked again; the rest is, and a damaged batch there is cut. The result equals a
+    full recovery's: rows, indexes, timestamps."""
+    from fluvial.broker.log import segment as segment_module
+
+    directory = tmp_path / "log"
+    tablet = open_tablet(directory, index_interval_bytes=700, flush_policy=FlushPolicy.ACK)
+    for i in range(60):
+        tablet.append(records(1 + i % 5, value_size=120, tag=i), meta(producer_id=i))
+    tablet.flush()
+    flushed = tablet.log_end_offset
+    assert int((directory / RECOVERY_POINT_CHECKPOINT).read_text()) == flushed
+    for i in range(60, 70):  # never flushed
+        tablet.append(records(3, value_size=120, tag=i), meta(producer_id=i))
+    [segment] = sorted(directory.glob("*.arrows"))
+    ends = batch_ends(segment)
+    raw = bytearray(segment.read_bytes())
+    raw[ends[-3] + 40] ^= 0x10  # inside the second batch from the end
+    segment.write_bytes(bytes(raw))
+    full = tmp_path / "full"
+    shutil.copytree(directory, full)
+    (full / RECOVERY_POINT_CHECKPOINT).unlink()  # no recovery point: everything is checked
+
+    checked = []
+    real = segment_module.checksum_matches
+    monkeypatch.setattr(segment_module, "checksum_matches", lambda *a: checked.append(1) or real(*a))
+    reopened = open_tablet(directory, index_interval_bytes=700)
+    tail_checks = len(checked)
+    reference = open_tablet(full, index_interval_bytes=700)
+
+    assert 8 <= tail_checks < 20, f"{tail_checks} batches checked of {len(ends)}"
+    assert len(checked) - tail_checks == len(ends) - 1  # the full recovery stops at the damage
+    assert reopened.log_end_offset == reference.log_end_offset == flushed + 8 * 3
+    assert all_rows(reopened).equals(all_rows(reference))
+    a, b = reopened._view.segments[0], reference._view.segments[0]
+    assert a.state == b.state
+    for x, y in ((a.offset_index, b.offset_index), (a.time_index, b.time_index)):
+        assert np.array_equal(x.keys(), y.keys()) and np.array_equal(x.values(), y.values())
+        assert x.path.read_bytes() == y.path.read_bytes()

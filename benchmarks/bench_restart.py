@@ -1,0 +1,191 @@
+"""Restart time of a broker holding a large log: after kill -9, and after a clean stop.
+
+A broker process (flush policy `ack`, the default: every acknowledged batch is fsynced)
+is filled through confluent-kafka (acks=all, 16 KiB batches as the Java client's default, 1 KiB values)
+with `--sizes` of log over `--partitions` partitions. Then, `--rounds` times per size:
+some more records are produced (so the active segments hold data written since the last
+recovery checkpoint, as after any crash), the broker is killed with SIGKILL and started
+again. Measured from the new process's start: when the Kafka port accepts a TCP
+connection ("port open") and when a consumer's first fetch from offset 0 of partition 0
+is answered ("first fetch"). A clean restart (SIGTERM, then start) is measured the same
+way. Medians of the rounds; the load average is recorded with each figure. Saves
+benchmarks/results/restart.json.
+
+    python -m benchmarks.bench_restart [--sizes 100M,1G,5G] [--rounds 3] [--partitions 4]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from benchmarks import machine
+from tests.support.broker_process import BrokerProcess
+
+RESULTS = Path(__file__).parent / "results" / "restart.json"
+TOPIC = "restart"
+VALUE = os.urandom(1024)
+BATCH_BYTES = 16384
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def log_bytes(data_dir: Path) -> int:
+    return sum(p.stat().st_size for p in (data_dir / "log").rglob("*.arrows"))
+
+
+def produce(bootstrap: str, partitions: int, nbytes: int) -> int:
+    """Produce about `nbytes` of values with acks=all; returns how many records."""
+    # 16 KiB batches, the Java client's default batch.size: many batches per segment, the
+    # hard case for recovery (librdkafka's own default, 1 MB, makes batches 64x fewer).
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "log_level": 2,
+                  "batch.size": BATCH_BYTES, "queue.buffering.max.kbytes": 262144})
+    n = max(1, nbytes // len(VALUE))
+    errors = []
+
+    def done(err, _msg):
+        if err is not None:
+            errors.append(err)
+
+    for i in range(n):
+        while True:
+            try:
+                p.produce(TOPIC, value=VALUE, partition=i % partitions, on_delivery=done)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(600) == 0, "records left unsent"
+    assert not errors, errors[:3]
+    return n
+
+
+def wait_port(port: int, started: float, timeout: float = 300) -> float:
+    while time.perf_counter() - started < timeout:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return time.perf_counter() - started
+        except OSError:
+            time.sleep(0.01)
+    raise TimeoutError("the broker's port did not open")
+
+
+def first_fetch(bootstrap: str, started: float, timeout: float = 300) -> float:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "restart-bench", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 10})
+    c.assign([TopicPartition(TOPIC, 0, 0)])
+    try:
+        while time.perf_counter() - started < timeout:
+            m = c.poll(0.05)
+            if m is not None and m.error() is None:
+                return time.perf_counter() - started
+        raise TimeoutError("no record fetched")
+    finally:
+        c.close()
+
+
+def timed_start(broker: BrokerProcess) -> dict[str, float]:
+    """Start the broker; seconds from spawning the process to port open and to first fetch."""
+    cmd = [sys.executable, "-m", "fluvial.broker", "broker", "--data-dir", str(broker.data_dir),
+           "--kafka-port", str(broker.port), "--http-port", "0", "--flight-port", "0", "--log-format", "text",
+           *broker.extra_args]
+    log = open(broker.log_path, "ab")
+    started = time.perf_counter()
+    broker.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    port_open = wait_port(broker.port, started)
+    fetched = first_fetch(broker.bootstrap, started)
+    return {"port_open_s": port_open, "first_fetch_s": fetched, "load_avg_1m": os.getloadavg()[0]}
+
+
+def measure_size(size: int, args, workdir: Path) -> dict:
+    data = workdir / f"data-{size}"
+    shutil.rmtree(data, ignore_errors=True)
+    broker = BrokerProcess(data, *args.broker_args).start()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, args.partitions, 1)])[TOPIC].result(30)
+    t0 = time.perf_counter()
+    records = produce(broker.bootstrap, args.partitions, size)
+    fill_s = time.perf_counter() - t0
+    print(f"  filled {log_bytes(data) / 2**20:.0f} MiB ({records} records) in {fill_s:.0f} s", flush=True)
+    kill9, clean = [], []
+    for r in range(args.rounds):
+        # Data written since the last recovery, as after any crash.
+        produce(broker.bootstrap, args.partitions, args.extra_bytes)
+        broker.kill9()
+        m = timed_start(broker)
+        kill9.append(m)
+        print(f"  kill -9 round {r}: port open {m['port_open_s']:.2f} s, first fetch {m['first_fetch_s']:.2f} s "
+              f"(load {m['load_avg_1m']:.1f})", flush=True)
+    for r in range(args.rounds):
+        broker.stop()
+        m = timed_start(broker)
+        clean.append(m)
+        print(f"  clean round {r}: port open {m['port_open_s']:.2f} s, first fetch {m['first_fetch_s']:.2f} s "
+              f"(load {m['load_avg_1m']:.1f})", flush=True)
+    size_on_disk = log_bytes(data)
+    broker.stop()
+    shutil.rmtree(data, ignore_errors=True)
+
+    def summary(runs: list[dict]) -> dict:
+        return {"port_open_s": statistics.median(x["port_open_s"] for x in runs),
+                "first_fetch_s": statistics.median(x["first_fetch_s"] for x in runs),
+                "runs": runs}
+
+    return {"target_bytes": size, "log_bytes": size_on_disk, "records": records, "fill_s": fill_s,
+            "kill9": summary(kill9), "clean": summary(clean)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="100M,1G", help="comma-separated log sizes, e.g. 100M,1G,5G")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--extra-bytes", type=parse_size, default=parse_size("8M"),
+                    help="produced before each kill -9")
+    ap.add_argument("--broker-args", default="", help="extra broker arguments, e.g. '--flush-policy none'")
+    ap.add_argument("--workdir", default=None, help="where the data directories go (default: a temp dir)")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args()
+    args.broker_args = args.broker_args.split()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    results = {"benchmark": "restart", "machine": machine.describe(), "partitions": args.partitions,
+               "broker_args": args.broker_args, "value_bytes": len(VALUE), "sizes": {}}
+    if RESULTS.exists() and not args.no_save:
+        previous = json.loads(RESULTS.read_text())
+        if previous.get("broker_args") == args.broker_args and previous.get("partitions") == args.partitions:
+            results["sizes"].update(previous.get("sizes", {}))  # a run of some sizes keeps the others
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        for size, label in zip(sizes, args.sizes.split(",")):
+            print(f"{label}:", flush=True)
+            results["sizes"][label] = measure_size(size, args, Path(tmp))
+    for label, r in results["sizes"].items():
+        print(f"{label:>6} ({r['log_bytes'] / 2**20:.0f} MiB): kill -9 port open {r['kill9']['port_open_s']:.2f} s, "
+              f"first fetch {r['kill9']['first_fetch_s']:.2f} s; clean port open {r['clean']['port_open_s']:.2f} s, "
+              f"first fetch {r['clean']['first_fetch_s']:.2f} s")
+    if not args.no_save:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"saved {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
