@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import shutil
 import socket
 import statistics
@@ -120,6 +121,15 @@ def measure_size(size: int, args, workdir: Path) -> dict:
     data = workdir / f"data-{size}"
     shutil.rmtree(data, ignore_errors=True)
     broker = BrokerProcess(data, *args.broker_args).start()
+    try:
+        return _measure(broker, data, size, args)
+    finally:
+        if broker.alive():
+            broker.kill9()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _measure(broker: BrokerProcess, data: Path, size: int, args) -> dict:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(TOPIC, args.partitions, 1)])[TOPIC].result(30)
     t0 = time.perf_counter()
@@ -143,7 +153,6 @@ def measure_size(size: int, args, workdir: Path) -> dict:
               f"(load {m['load_avg_1m']:.1f})", flush=True)
     size_on_disk = log_bytes(data)
     broker.stop()
-    shutil.rmtree(data, ignore_errors=True)
 
     def summary(runs: list[dict]) -> dict:
         return {"port_open_s": statistics.median(x["port_open_s"] for x in runs),
@@ -154,7 +163,13 @@ def measure_size(size: int, args, workdir: Path) -> dict:
             "kill9": summary(kill9), "clean": summary(clean)}
 
 
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    # A SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the broker under test is stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="100M,1G", help="comma-separated log sizes, e.g. 100M,1G,5G")
     ap.add_argument("--rounds", type=int, default=3)
