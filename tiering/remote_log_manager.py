@@ -85,8 +85,11 @@ class RemoteLogManager:
         self.interval_s = config.remote_log_manager_interval_ms / 1000
         self.manifests = ManifestStore(broker.store)
         self.reader = RemoteSegmentReader(cache_bytes=config.remote_read_cache_bytes)
+        # Uploads and expiry: bounded by the configured concurrency.
         self.executor = ThreadPoolExecutor(max(1, config.remote_upload_concurrency),
                                            thread_name_prefix="fluvial-remote")
+        # Reads of remote data for Kafka clients, and DeleteRecords: never queued behind uploads.
+        self.read_executor = ThreadPoolExecutor(4, thread_name_prefix="fluvial-remote-read")
         self.staging = Path(config.data_dir) / "remote-staging"
         self._states: dict[tuple[str, int], BucketTiering] = {}
         self._states_lock = threading.Lock()
@@ -416,4 +419,5 @@ class RemoteLogManager:
 
     def close(self) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)
+        self.read_executor.shutdown(wait=True, cancel_futures=True)
         self.store.close()

@@ -121,7 +121,7 @@ async def delete_records(ctx: RequestContext, request):
                     raise OffsetOutOfRangeError(
                         f"offset {p.offset} is outside [0, {tablet.high_watermark}] of {t.name}-{p.partition_index}")
                 # Covers the remote log too: its start moves, expired objects go.
-                low = await loop.run_in_executor(ctx.broker.remote_log.executor, ctx.broker.remote_log.delete_records,
+                low = await loop.run_in_executor(ctx.broker.remote_log.read_executor, ctx.broker.remote_log.delete_records,
                                                  bucket, target)
                 parts.append(DRR.DeleteRecordsTopicResult.DeleteRecordsPartitionResult(
                     partition_index=p.partition_index, low_watermark=low, error_code=0))

@@ -63,7 +63,7 @@ async def list_offsets(ctx: RequestContext, request):
                 if bucket.remote_log_start is not None and p.timestamp not in (LATEST, EARLIEST, EARLIEST_LOCAL):
                     remote_log = ctx.broker.remote_log
                     ts, offset = await asyncio.get_running_loop().run_in_executor(
-                        remote_log.executor, lookup, bucket, p.timestamp, remote_log)
+                        remote_log.read_executor, lookup, bucket, p.timestamp, remote_log)
                 else:
                     ts, offset = lookup(bucket, p.timestamp)
                 parts.append(PartitionResponse(partition_index=p.partition_index, error_code=0, timestamp=ts,
