@@ -160,7 +160,9 @@ def test_column_added_while_tiering_runs(spark, fresh_broker):
     for i in range(500):
         w1.send({"id": i, "kind": "old"})
     w1.flush()
-    worker = TieringWorker(broker.flight_url, job="evolve", io=SparkRoundIO(spark, broker.flight_url), poll_s=0.1)
+    # This one reads through format("fluvial") (read mode `source`), the other test in Spark tasks.
+    worker = TieringWorker(broker.flight_url, job="evolve", io=SparkRoundIO(spark, broker.flight_url, read_mode="source"),
+                           poll_s=0.1)
     worker.start_thread()
     try:
         sr = SchemaRegistryClient({"url": broker.http_url})

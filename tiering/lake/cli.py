@@ -18,6 +18,9 @@ def add_tier_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=["spark", "native"], default="spark",
                    help="spark: buckets read and files written by Spark tasks (default); native: in this process")
     p.add_argument("--master", default="local[*]", help="Spark master (spark engine)")
+    p.add_argument("--read-mode", choices=["tasks", "source"], default="tasks",
+                   help="spark engine, log tables: tasks read with the native client (default) or through "
+                        "format('fluvial') and mapInArrow")
     p.add_argument("--spark-conf", action="append", default=[], metavar="K=V", help="extra Spark config (repeatable)")
     p.add_argument("--catalog-option", action="append", default=[], metavar="K=V",
                    help="pyiceberg catalog property added to what the broker gives (secrets such as keys)")
@@ -38,7 +41,7 @@ def run_tier(args) -> int:
     if args.engine == "spark":
         from fluvial.tiering.lake.spark_job import SparkRoundIO, spark_session
         spark = spark_session(args.master, key_values(args.spark_conf, "--spark-conf"))
-        io = SparkRoundIO(spark, args.url)
+        io = SparkRoundIO(spark, args.url, read_mode=args.read_mode)
     else:
         io = NativeRoundIO(args.url)
     worker = TieringWorker(args.url, args.job, key_values(args.catalog_option, "--catalog-option"), io,

@@ -42,7 +42,9 @@ CREATE TABLE IF NOT EXISTS lake_tiering (
     tiered_ms INTEGER,
     error TEXT,
     rounds INTEGER NOT NULL DEFAULT 0,
-    updated_ms INTEGER NOT NULL
+    updated_ms INTEGER NOT NULL,
+    started_ms INTEGER,
+    round_ms INTEGER
 );
 """
 
@@ -83,6 +85,8 @@ class Row:
     error: str | None
     rounds: int
     updated_ms: int
+    started_ms: int | None = None
+    round_ms: int | None = None
 
 
 class LakeCoordinator:
@@ -99,6 +103,11 @@ class LakeCoordinator:
         # One acquire at a time: two jobs must never get the same table.
         self._acquire_lock = threading.Lock()
         self.store.ensure_schema(_DDL)
+        columns = {r["name"] for r in self.store.query("PRAGMA table_info(lake_tiering)")}
+        for column in ("started_ms", "round_ms"):
+            if column not in columns:  # a metadata store from before these columns
+                with self.store.transaction() as conn:
+                    conn.execute(f"ALTER TABLE lake_tiering ADD COLUMN {column} INTEGER")
 
     # -- the lake ----------------------------------------------------------------------
 
@@ -123,7 +132,7 @@ class LakeCoordinator:
         r = rows[0]
         return Row(r["name"], r["state"], r["lease_id"], r["lease_expires_ms"], r["job"], r["snapshot_id"],
                    {int(k): v for k, v in json.loads(r["offsets"]).items()}, r["tiered_ms"], r["error"],
-                   r["rounds"], r["updated_ms"])
+                   r["rounds"], r["updated_ms"], r["started_ms"], r["round_ms"])
 
     def _ensure_row(self, name: str) -> Row:
         with self.store.transaction() as conn:
@@ -165,8 +174,14 @@ class LakeCoordinator:
             return 0
         if row.state == TIERING:
             return row.lease_expires_ms if (row.lease_expires_ms or 0) < now else None
-        last = row.tiered_ms if row.state == TIERED else row.updated_ms
-        return (last or 0) + freshness_ms(table)
+        if row.state == FAILED:
+            return row.updated_ms + freshness_ms(table)
+        # Freshness is the target lag: a row written just after a round started waits for the
+        # next round to end. So the next round starts `freshness - last round's duration` after
+        # the last one started (at least a tenth of the freshness later).
+        fresh = freshness_ms(table)
+        started = row.started_ms if row.started_ms is not None else (row.tiered_ms or 0)
+        return started + max(fresh - (row.round_ms or 0), fresh // 10)
 
     def acquire(self, job: str, only: list[str] | None = None) -> dict | None:
         """`lake-acquire`: the most overdue lake table with new rows, leased to `job`; None if none is due."""
@@ -192,14 +207,15 @@ class LakeCoordinator:
                     # Nothing new: the lake is as fresh as the table.
                     with self.store.transaction() as conn:
                         conn.execute("UPDATE lake_tiering SET state = ?, tiered_ms = ?, snapshot_id = ?, offsets = ?, "
-                                     "lease_id = NULL, updated_ms = ? WHERE name = ?",
-                                     (TIERED, now, snapshot_id, lake_catalog.offsets_json(lake_offsets), now, name))
+                                     "lease_id = NULL, updated_ms = ?, started_ms = ? WHERE name = ?",
+                                     (TIERED, now, snapshot_id, lake_catalog.offsets_json(lake_offsets), now, now,
+                                      name))
                     continue
                 lease = uuid.uuid4().hex
                 with self.store.transaction() as conn:
                     conn.execute("UPDATE lake_tiering SET state = ?, lease_id = ?, lease_expires_ms = ?, job = ?, "
-                                 "error = NULL, updated_ms = ? WHERE name = ?",
-                                 (TIERING, lease, now + self.lease_ms, job, now, name))
+                                 "error = NULL, updated_ms = ?, started_ms = ? WHERE name = ?",
+                                 (TIERING, lease, now + self.lease_ms, job, now, now, name))
                 schema, pk, raw = table_shape(table)
                 log.info("lake: %s leased to %s, offsets %s -> %s", name, job, start, end)
                 return {"table": name, "lease_id": lease, "lease_ms": self.lease_ms,
@@ -235,7 +251,7 @@ class LakeCoordinator:
         """`lake-complete`: the round committed lake snapshot `snapshot_id` covering `offsets`."""
         with self._acquire_lock:
             now = now_ms()
-            self._check_lease(name, lease_id, now)
+            row = self._check_lease(name, lease_id, now)
             table = self.lake_table(name)
             lake = self.ensure_table(table)
             current_id, current, _ = lake_catalog.lake_state(lake)
@@ -248,8 +264,9 @@ class LakeCoordinator:
             with self.store.transaction() as conn:
                 conn.execute("UPDATE lake_tiering SET state = ?, lease_id = NULL, lease_expires_ms = NULL, "
                              "snapshot_id = ?, offsets = ?, tiered_ms = ?, error = NULL, rounds = rounds + 1, "
-                             "updated_ms = ? WHERE name = ?",
-                             (TIERED, current_id, lake_catalog.offsets_json(current), now, now, name))
+                             "updated_ms = ?, round_ms = ? WHERE name = ?",
+                             (TIERED, current_id, lake_catalog.offsets_json(current), now, now,
+                              now - (row.started_ms or now), name))
             return {"state": TIERED, "snapshot_id": current_id}
 
     def fail(self, name: str, lease_id: str, error: str) -> dict:

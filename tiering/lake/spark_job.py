@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 
 import pyarrow as pa
 
@@ -27,6 +28,9 @@ def spark_session(master: str = "local[*]", conf: dict[str, str] | None = None):
     builder = (SparkSession.builder.master(master).appName("fluvial-lake-tiering")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC"))
+    if master.startswith("local"):
+        # The tasks run the same Fluvial code as the driver (not whatever `python3` finds).
+        builder = builder.config("spark.pyspark.python", sys.executable)
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     session = builder.getOrCreate()
@@ -55,13 +59,40 @@ def _task_writer(metadata_location: str, io_properties: dict[str, str]):
     return write
 
 
-class SparkRoundIO:
-    """Reads and writes a round's buckets in Spark tasks."""
+def _range_writer(url: str, table: str, columns: list[str], metadata_location: str, io_properties: dict[str, str]):
+    """The function each task of the `tasks` read mode runs over its offset ranges."""
+    def write(index, parts):
+        import fluvial.client as fc
+        from pyiceberg.table import StaticTable
 
-    def __init__(self, spark, url: str, io_properties: dict[str, str] | None = None):
+        from fluvial.tiering.lake.writer import write_data_files
+
+        lake = StaticTable.from_metadata(metadata_location, properties=io_properties)
+        with fc.connect(url) as client:
+            t = client.table(table)
+            for bucket, start, end in parts:
+                data = t.scan(columns=columns, start={bucket: start}, end={bucket: end}, buckets=[bucket]).to_arrow()
+                for f in write_data_files(lake.metadata, lake.io, data, index):
+                    yield pickle.dumps(f)
+    return write
+
+
+class SparkRoundIO:
+    """Reads and writes a round's buckets in Spark tasks.
+
+    Log tables, read mode `tasks` (default): each Spark task reads its offset ranges with
+    the native client and writes them, so rows never cross into the JVM and back (measured
+    about 5x faster, docs/architecture.md). `source`: a `format("fluvial")` DataFrame over the
+    offset ranges, files written by `mapInArrow` on it. Primary-key tables always go through
+    `format("fluvial")`: Spark's shuffle groups each key's changes."""
+
+    def __init__(self, spark, url: str, io_properties: dict[str, str] | None = None, read_mode: str = "tasks",
+                 max_records_per_task: int = 1_000_000):
         self.spark = spark
         self.url = url
         self.io_properties = io_properties or {}
+        self.read_mode = read_mode
+        self.max_records_per_task = max_records_per_task
 
     def _frame(self, table: str, columns: list[str], ranges: dict[int, tuple[int, int]]):
         starting = {str(b): s for b, (s, _) in ranges.items()}
@@ -78,6 +109,14 @@ class SparkRoundIO:
                 .load())
 
     def write_log(self, lake_table, table, columns, ranges):
+        if self.read_mode == "tasks":
+            from fluvial.spark.source import split_ranges
+            parts = [(r.bucket, r.start, r.end) for b, (s, e) in sorted(ranges.items())
+                     for r in split_ranges(b, s, e, self.max_records_per_task)]
+            rdd = self.spark.sparkContext.parallelize(parts, max(1, len(parts)))
+            written = rdd.mapPartitionsWithIndex(
+                _range_writer(self.url, table, columns, lake_table.metadata_location, self.io_properties))
+            return [pickle.loads(b) for b in written.collect()]
         frame = self._frame(table, columns, ranges)
         written = frame.mapInArrow(_task_writer(lake_table.metadata_location, self.io_properties), "file binary")
         return [pickle.loads(row.file) for row in written.collect()]
