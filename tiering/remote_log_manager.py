@@ -91,6 +91,10 @@ class RemoteLogManager:
         # Reads of remote data for Kafka clients, and DeleteRecords: never queued behind uploads.
         self.read_executor = ThreadPoolExecutor(4, thread_name_prefix="fluvial-remote-read")
         self.staging = Path(config.data_dir) / "remote-staging"
+        # Files of uploads a crash cut short: nothing refers to them.
+        if self.staging.is_dir():
+            for leftover in self.staging.iterdir():
+                leftover.unlink(missing_ok=True)
         self._states: dict[tuple[str, int], BucketTiering] = {}
         self._states_lock = threading.Lock()
         tables = broker.tables
@@ -212,8 +216,10 @@ class RemoteLogManager:
     def _sweep_dropped_tables(self) -> None:
         """Objects of tables that no longer exist (a drop whose deletion was cut short)."""
         try:
+            keys = self.store.list("log/")
+            # Tables known after the listing: one created meanwhile is not taken for dropped.
             live = {f"{t.name}-{t.topic_id}" for t in list(self.broker.tables.tables.values())}
-            stale = [k for k in self.store.list("log/") if k.split("/")[1] not in live]
+            stale = [k for k in keys if k.split("/")[1] not in live]
             if stale:
                 log.info("deleting %d remote object(s) of dropped tables", len(stale))
                 self.store.delete(stale)
@@ -248,6 +254,9 @@ class RemoteLogManager:
                     pass
                 raise
             fault_point("remote.after_upload")
+            if self.broker.tables.tables.get(table.name) is not table:
+                self.store.delete([key])  # dropped during the upload
+                return uploaded
             if not manifest.segments:
                 manifest = RemoteLogManifest(manifest.table, manifest.topic_id, manifest.bucket, (),
                                              max(manifest.log_start_offset, tablet.log_start_offset), manifest.version)

@@ -383,3 +383,24 @@ def test_java_console_consumer_reads_tiered_offsets(fresh_broker, java_tools, to
     lines = [line for line in res.stdout.decode().splitlines() if "|" in line]
     # The separator also goes between offset and key: "Offset:N|key|value", every offset once, in order.
     assert lines == [f"Offset:{i}|{k.decode()}|{v.decode()}" for i, (k, v, _, _) in enumerate(sent)]
+
+
+def test_dropping_a_table_deletes_its_remote_objects(fresh_broker, topic_name):
+    from fluvial.tiering.object_store import open_object_store
+
+    broker = fresh_broker(*FAST)
+    create(broker, topic_name)
+    produce(broker, topic_name, 1500)
+    wait_tiered(broker, topic_name, local_start_above=0)
+    store = open_object_store(str(broker.data_dir / "remote"))
+    assert remote_keys(broker, store, topic_name)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_topics([topic_name])[topic_name].result(10)
+    deadline = time.monotonic() + 20
+    while remote_keys(broker, store, topic_name):
+        assert time.monotonic() < deadline, "the dropped table's objects stayed"
+        time.sleep(0.1)
+    # A new table of the same name starts with an empty remote log.
+    create(broker, topic_name)
+    status = action(broker, "status", {"name": topic_name})["buckets"][0]
+    assert status["remote"]["segments"] == 0 and status["log_start_offset"] == 0
