@@ -46,6 +46,9 @@ def add_broker_parser(sub) -> None:
     p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes)
     p.add_argument("--connections-max-idle-ms", type=int, default=d.connections_max_idle_ms,
                    help="close connections idle for this long (Kafka's connections.max.idle.ms)")
+    p.add_argument("--slow-callback-ms", type=int, default=d.slow_callback_ms,
+                   help="diagnostics: log every event-loop step longer than this, naming it (asyncio debug "
+                        "mode, slower); 0 = off")
     p.add_argument("--flush-policy", choices=["ack", "interval", "none"], default=d.flush_policy,
                    help="ack: acks=all produce is fsynced before acknowledged (default); interval: every "
                         "--flush-interval-ms; none: left to the OS, like Kafka's default")
@@ -82,6 +85,7 @@ def config_from_args(args) -> BrokerConfig:
                         auto_create_topics=args.auto_create_topics == "true",
                         default_partitions=args.default_partitions, max_request_bytes=args.max_request_bytes,
                         connections_max_idle_ms=args.connections_max_idle_ms,
+                        slow_callback_ms=args.slow_callback_ms,
                         flush_policy=args.flush_policy, flush_interval_ms=args.flush_interval_ms,
                         retention_check_interval_ms=args.retention_check_interval_ms,
                         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
@@ -114,6 +118,10 @@ async def run_broker(config: BrokerConfig) -> None:
     broker = Broker(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    if config.slow_callback_ms > 0:
+        # asyncio logs "Executing <Task ...> took 0.123 seconds" at WARNING on the asyncio logger.
+        loop.set_debug(True)
+        loop.slow_callback_duration = config.slow_callback_ms / 1000
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await broker.start()

@@ -23,6 +23,9 @@ class BrokerConfig:
     # connections.max.idle.ms: a connection with no request or response for this long is
     # closed (Kafka's name and default, 10 minutes).
     connections_max_idle_ms: int = 600_000
+    # > 0: asyncio debug mode, logging every event-loop step that runs longer than this
+    # (with the task or callback that ran), to find what blocks the loop. Slows the broker.
+    slow_callback_ms: int = 0
     # fsync policy of log tablets: "ack" (acks=all produce is fsynced before it is
     # acknowledged), "interval" (every flush_interval_ms), "none" (left to the OS).
     flush_policy: str = "ack"
