@@ -12,11 +12,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from fluvial.broker.log.fault_injection import ENV_VAR as FAULTS_ENV
+from fluvial.client import connect
+from fluvial.client.errors import StorageError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, request_class
 from tests.integration.test_bad_input import RawClient
@@ -110,6 +113,14 @@ def test_failed_fsync_takes_only_that_bucket_offline_and_is_never_acknowledged(t
     assert produce(broker, 1, [b"b0"]) == [(None, 0)]
     assert fetch_error(broker, 1) == ErrorCode.NONE
     assert consumer_reads(broker, 1)[0] == 1
+    # The table API answers the same: StorageError for the offline bucket, the other one serves.
+    with connect(broker.flight_url) as client:
+        table = client.table(TOPIC)
+        with pytest.raises(StorageError, match="offline"):
+            table.append(pa.table({"value": [b"flight"]}), bucket=0)
+        with pytest.raises(StorageError, match="offline"):
+            table.scan(buckets=[0]).to_arrow()
+        assert table.append(pa.table({"value": [b"flight"]}), bucket=1)[0].base_offset == 1
     log = broker.log_tail(400)
     assert "OFFLINE" in log and "injected fsync failure" in log
 
