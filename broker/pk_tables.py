@@ -500,8 +500,10 @@ class PkTableService:
             for kv in pk.buckets:
                 try:
                     kv.tablet.close()
-                except Exception:
-                    log.exception("closing KV tablet %s failed", kv.tablet.path)
+                except Exception as exc:  # noqa: BLE001 - e.g. a full disk: RocksDB cannot flush
+                    # What RocksDB could not write is replayed from the changelog on the next start.
+                    log.error("closing KV tablet %s failed: %s; it catches up from its changelog on the "
+                              "next start", kv.tablet.path, exc)
 
 
 def table_spec(schema: pa.Schema, configs: dict[str, str]) -> tuple[KeyLayout, MergeSpec]:

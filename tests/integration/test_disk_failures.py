@@ -155,6 +155,11 @@ def test_full_disk_answers_producers_at_once_and_shuts_down_cleanly(tmp_path, sm
     broker.stop()
     broker.start()
     create_topic(broker, partitions=1)
+    # A primary-key table on the same disk: its RocksDB must close cleanly on a full disk too.
+    with connect(broker.flight_url) as client:
+        schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])
+        client.create_table("pk", schema, primary_key=["id"])
+        client.table("pk").upsert(pa.table({"id": list(range(1000)), "v": ["x" * 100] * 1000}, schema=schema))
     p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5,
                   "message.send.max.retries": 0, "message.timeout.ms": 30_000})
     results: list[tuple] = []
@@ -180,4 +185,6 @@ def test_full_disk_answers_producers_at_once_and_shuts_down_cleanly(tmp_path, sm
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
     broker.start()
     assert read_values(broker, 0)[:acked] == [value] * acked
+    with connect(broker.flight_url) as client:
+        assert client.table("pk").lookup(pa.table({"id": [0, 999]})).num_rows == 2
     broker.stop()
