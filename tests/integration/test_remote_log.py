@@ -404,3 +404,20 @@ def test_dropping_a_table_deletes_its_remote_objects(fresh_broker, topic_name):
     create(broker, topic_name)
     status = action(broker, "status", {"name": topic_name})["buckets"][0]
     assert status["remote"]["segments"] == 0 and status["log_start_offset"] == 0
+
+
+def test_tiering_actions_refuse_bad_requests(fresh_broker, topic_name):
+    broker = fresh_broker()
+    create(broker, topic_name)
+    for body, expected_error in [({}, "names no table"), ({"name": "nope", "bucket": 0}, "nope"),
+                                 ({"name": topic_name, "bucket": 5}, "no bucket 5"),
+                                 ({"name": topic_name, "bucket": "0"}, "must be an integer")]:
+        with pytest.raises(flight.FlightError) as err:
+            action(broker, "remote-segments", body)
+        assert expected_error in str(err.value)
+    with pytest.raises(flight.FlightError):
+        action(broker, "status", {"name": "nope"})
+    # A table without remote data: no segments, the local start is the log start.
+    body = action(broker, "remote-segments", {"name": topic_name, "bucket": 0, "start": 0})
+    assert body["segments"] == [] and body["log_start_offset"] == body["local_start_offset"] == 0
+    assert body["store"]["url"].startswith("file://")
