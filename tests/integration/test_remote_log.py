@@ -24,6 +24,31 @@ def store_args(request):
     return server.broker_args(server.create_bucket())
 
 
+class StoreUnderTest:
+    """The object store a test's broker uses, and the same store opened by the test itself."""
+
+    def __init__(self, server=None):
+        self.server = server
+        self.bucket = server.create_bucket() if server is not None else None
+
+    def broker_args(self) -> list[str]:
+        return self.server.broker_args(self.bucket) if self.server is not None else []
+
+    def open(self, data_dir):
+        from fluvial.tiering.object_store import open_object_store
+
+        if self.server is None:
+            return open_object_store(str(data_dir / "remote"))
+        return open_object_store(f"s3://{self.bucket}/remote", self.server.options())
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_under_test(request) -> StoreUnderTest:
+    if request.param == "local":
+        return StoreUnderTest()
+    return StoreUnderTest(request.getfixturevalue("moto_s3"))
+
+
 def action(broker, kind: str, body: dict):
     client = flight.FlightClient(broker.flight_url)
     try:
@@ -152,15 +177,14 @@ def remote_keys(broker, store, topic: str) -> list[str]:
     return [k for k in store.list("log/") if k.split("/")[1].startswith(topic + "-")]
 
 
-def test_corrupt_or_missing_remote_object_is_a_storage_error(fresh_broker, topic_name):
+def test_corrupt_or_missing_remote_object_is_a_storage_error(fresh_broker, store_under_test, topic_name):
     from fluvial.protocol.errors import ErrorCode
-    from fluvial.tiering.object_store import open_object_store
 
-    broker = fresh_broker(*FAST)
+    broker = fresh_broker(*store_under_test.broker_args(), *FAST)
     create(broker, topic_name)
     sent = produce(broker, topic_name, 2000)
     status = wait_tiered(broker, topic_name, local_start_above=0)
-    store = open_object_store(str(broker.data_dir / "remote"))
+    store = store_under_test.open(broker.data_dir)
     first = sorted(remote_keys(broker, store, topic_name))[0]
     data = bytearray(store.get(first))
     data[len(data) // 3] ^= 0x5A
@@ -199,22 +223,22 @@ def test_store_down_keeps_produce_working_and_uploads_catch_up(fresh_broker, own
 
 
 @pytest.mark.parametrize("step", ["remote.after_upload", "remote.after_commit"])
-def test_kill_9_at_a_tiering_step_serves_every_offset_once(fresh_broker, tmp_path, step, topic_name):
-    from fluvial.tiering.object_store import open_object_store
+def test_kill_9_at_a_tiering_step_serves_every_offset_once(tmp_path, store_under_test, step, topic_name):
     from tests.support.broker_process import BrokerProcess
 
     # Produce with tiering off, then restart with it on and the fault armed: the first
     # tiering round reaches the step and the broker is killed there.
     data_dir = tmp_path / "crash"
-    broker = BrokerProcess(data_dir, "--remote-log-manager-interval-ms", "3600000", *FAST[2:]).start()
+    args = store_under_test.broker_args()
+    broker = BrokerProcess(data_dir, *args, "--remote-log-manager-interval-ms", "3600000", *FAST[2:]).start()
     try:
         create(broker, topic_name)
-        sent = produce(broker, topic_name, 2500)
+        sent = produce(broker, topic_name, 1200)
         broker.stop()
         import os
         os.environ["FLUVIAL_FAULT"] = step
         try:
-            broker = BrokerProcess(data_dir, *FAST, port=broker.port)
+            broker = BrokerProcess(data_dir, *args, *FAST, port=broker.port)
             broker.start()
         finally:
             del os.environ["FLUVIAL_FAULT"]
@@ -223,12 +247,12 @@ def test_kill_9_at_a_tiering_step_serves_every_offset_once(fresh_broker, tmp_pat
             time.sleep(0.05)
         assert broker.proc.poll() is not None, "the fault was not reached"
         broker.proc = None
-        store = open_object_store(str(data_dir / "remote"))
+        store = store_under_test.open(data_dir)
         assert remote_keys(broker, store, topic_name)  # an object is there (an orphan, or listed)
-        broker = BrokerProcess(data_dir, *FAST, port=broker.port).start()
+        broker = BrokerProcess(data_dir, *args, *FAST, port=broker.port).start()
         status = wait_tiered(broker, topic_name, local_start_above=0)
         assert status["log_start_offset"] == 0
-        assert consume_confluent(broker, topic_name, 0, 0, 2500) == expected(sent)
+        assert consume_confluent(broker, topic_name, 0, 0, 1200) == expected(sent)
         # Once every closed segment is tiered, the objects are exactly those the manifest
         # lists: the orphan of the killed round was collected, nothing is served twice.
         deadline = time.monotonic() + 30
