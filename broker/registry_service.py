@@ -107,8 +107,11 @@ def on_loop(loop: asyncio.AbstractEventLoop, listener: Callable[[SchemaRegistere
             running = None
         if running is loop:
             listener(event)
-        elif not loop.is_closed():
+            return
+        try:
             loop.call_soon_threadsafe(listener, event)
+        except RuntimeError:  # the loop is closed: the broker is shutting down, nothing to update
+            log.debug("registry event for %s after the event loop closed", event.subject)
     return deliver
 
 
