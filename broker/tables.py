@@ -118,6 +118,10 @@ class Bucket:
         # The first offset of the remote log when the bucket has one (set by the remote log
         # manager from the committed manifest); None: everything is local.
         self.remote_log_start: int | None = None
+        if table.remote_storage_enabled:
+            # Nothing local may go before it is remote: the remote log manager moves this
+            # limit to the committed remote end.
+            tablet.retention_limit_offset = tablet.log_start_offset
         tablet.start_leader_epoch(self.leader_epoch)
 
     # A single-node broker is the only leader a bucket ever has: its epoch stays 0.

@@ -161,7 +161,9 @@ class RemoteLogManager:
             await self.run_round()
             await asyncio.sleep(self.interval_s)
 
-    async def run_round(self) -> None:
+    async def run_round(self, wait: bool = False) -> None:
+        """Start a tiering round for every bucket that is not in one already. Rounds are not
+        awaited (unless ``wait``): a bucket with a slow upload does not hold up the others."""
         loop = asyncio.get_running_loop()
         pending = []
         now = time.monotonic()
@@ -173,7 +175,7 @@ class RemoteLogManager:
                 continue
             state.running = True
             pending.append(loop.run_in_executor(self.executor, self._round_guarded, state))
-        if pending:
+        if wait and pending:
             await asyncio.gather(*pending)
 
     def _round_guarded(self, state: BucketTiering) -> None:
