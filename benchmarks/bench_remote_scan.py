@@ -122,7 +122,7 @@ def main() -> None:
     pool = string_pool(rng)
     moto = None
     with tempfile.TemporaryDirectory(prefix="fluvial-bench-") as tmp:
-        broker_args = ["--flush-policy", "none", "--retention-check-interval-ms", "500"]
+        broker_args = ["--flush-policy", "none", "--retention-check-interval-ms", "500", "--remote-log-manager-interval-ms", "500"]
         client_options = None
         if args.s3:
             from tests.support.moto_server import MotoServer

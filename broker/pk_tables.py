@@ -583,49 +583,29 @@ def changelog_start(bucket: Bucket) -> int:
 
 def remote_storage_enabled(table: Table) -> bool:
     """The table's remote storage is on (its topic config, else the broker's default)."""
-    value = table.configs.get(REMOTE_STORAGE_ENABLE)
-    if value is None:
-        svc = _SERVICE.get("service")
-        config = svc.broker.config if svc is not None else None
-        value = getattr(config, "remote_storage_enable", False)
-    return str(value).lower() == "true"
+    return bool(getattr(table, "remote_storage_enabled", False))
 
 
 @dataclass
 class TieredChangelog:
     """The part of a bucket's changelog that is in the object store (its committed manifest)."""
 
-    store: object
-    manifest: object  # RemoteLogManifest
-
-    @property
-    def start(self) -> int:
-        return self.manifest.log_start_offset
+    manager: object  # the broker's RemoteLogManager
+    bucket: Bucket
+    start: int
 
     def read(self, offset: int, max_bytes: int) -> list[StoredBatch]:
-        from fluvial.tiering.remote_segment import read_remote_batches
-        segment = self.manifest.segment_for(offset)
-        if segment is None:
-            return []
-        out, size = [], 0
-        for stored in read_remote_batches(self.store, segment, offset):
-            out.append(stored)
-            size += stored.batch.nbytes
-            if size >= max_bytes:
-                break
-        return out
+        return self.manager.read_batches(self.bucket, offset, max_bytes)
 
 
 def _remote_log(bucket: Bucket) -> TieredChangelog | None:
     """The bucket's tiered changelog, when part of it is in the object store."""
     svc = _SERVICE.get("service")
-    store = getattr(svc.broker, "object_store", None) if svc is not None else None
-    if store is None:
+    manager = getattr(svc.broker, "remote_log", None) if svc is not None else None
+    if manager is None:
         return None
-    from fluvial.tiering.remote_log_manifest import ManifestStore
-    table = bucket.table
-    manifest = ManifestStore(svc.broker.store).load(table.name, str(table.topic_id), bucket.index)
-    return TieredChangelog(store, manifest) if manifest.segments else None
+    manifest = manager.manifest(bucket)
+    return TieredChangelog(manager, bucket, manifest.log_start_offset) if manifest.segments else None
 
 
 def catch_up(tablet: KvTablet, bucket: Bucket) -> int:

@@ -394,10 +394,6 @@ class Scan:
         self.bucket_stats: dict[int, ScanStats] = {}  # per bucket, with the offset each stream ended at
         self.schema: pa.Schema | None = None
 
-    def _request(self, bucket: int, follow: bool) -> ScanRequest:
-        return ScanRequest(self.table.name, bucket, self.columns, _per_bucket(self.start, bucket, "start"),
-                           _per_bucket(self.end, bucket, "end"), self.filter, follow)
-
     def _read_bucket(self, bucket: int, follow: bool, emit, stop: threading.Event,
                      readers: dict) -> None:
         """One bucket: its tiered part from the object store (when the client reads remote
@@ -426,7 +422,9 @@ class Scan:
     def _read_broker(self, bucket: int, start: Any, end: Any, follow: bool, emit, stop: threading.Event,
                      readers: dict) -> None:
         client = self.table.client._flight
-        request = ScanRequest(self.table.name, bucket, self.columns, start, end, self.filter, follow)
+        # A client that reads tiered offsets itself leaves them out of what the broker serves.
+        request = ScanRequest(self.table.name, bucket, self.columns, start, end, self.filter, follow,
+                              tiered=not self.table.client.remote_reads)
         try:
             reader = client.do_get(flight.Ticket(request.to_bytes()))
             readers[bucket] = reader

@@ -84,6 +84,9 @@ class ScanRequest:
     end: int | None = None
     filter: list[list[Any]] = field(default_factory=list)
     follow: bool = False
+    # Whether the broker serves offsets that are only in the object store; a client that
+    # reads them itself says False, and gets OffsetOutOfRange there instead.
+    tiered: bool = True
 
     def to_bytes(self) -> bytes:
         body = asdict(self)

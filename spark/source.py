@@ -197,20 +197,9 @@ def _describe(opts: Options) -> fc.TableInfo:
 
 
 def _offsets(opts: Options) -> list[fc.BucketOffsets]:
-    """Each bucket's offsets; the log start is the first offset still readable, in the object
-    store when the bucket's early segments are tiered."""
-    def read(client: fc.Client) -> list[fc.BucketOffsets]:
-        out = []
-        for o in fc.Table(client, client.describe(opts.table)).offsets():
-            tiered = client.remote_log(opts.table, o.bucket, 0)
-            if tiered is not None and tiered.log_start_offset < o.log_start:
-                o = fc.BucketOffsets(o.bucket, tiered.log_start_offset, o.high_watermark)
-            out.append(o)
-        return out
-
     try:
         with fc.connect(opts.url) as client:
-            return _with_retry(opts.retry_ms, lambda: read(client))
+            return _with_retry(opts.retry_ms, lambda: fc.Table(client, client.describe(opts.table)).offsets())
     except fc.FluvialError as exc:
         raise _translate(exc, opts) from None
 

@@ -162,6 +162,26 @@ def upload_segment(store: ObjectStore, key: str, batches: Iterable[tuple[StoredB
 # -- reading -----------------------------------------------------------------------------
 
 
+# The tail fetched first for a footer: most footers fit, so one ranged get; a larger one
+# takes a second get of exactly the rest. (Parquet readers fetch 64 KiB, which on small
+# segments is most of what a narrow projection reads.)
+FOOTER_TAIL_BYTES = 16 << 10
+
+
+def read_footer(store: ObjectStore, key: str, size: int) -> pq.FileMetaData:
+    """A Parquet object's footer by ranged gets of its tail only."""
+    start = max(0, size - FOOTER_TAIL_BYTES)
+    tail = store.get(key, start, size)
+    if size < 12 or len(tail) < 12 or tail[-4:] != b"PAR1":
+        raise CorruptRemoteDataError(f"remote segment {key} is not a Parquet object (no footer)")
+    length = int.from_bytes(tail[-8:-4], "little")
+    if length + 12 > size:
+        raise CorruptRemoteDataError(f"remote segment {key} has a footer longer than the object")
+    if length + 8 > len(tail):
+        tail = store.get(key, size - length - 8, start) + tail
+    return pq.read_metadata(pa.BufferReader(tail[len(tail) - length - 8:]))
+
+
 class RemoteSegmentReader:
     """Reads remote segments with bounded caches: parsed footers, and recently read row groups
     (a Kafka consumer catching up asks for a row group several times, a few batches at a time)."""
@@ -193,8 +213,7 @@ class RemoteSegmentReader:
             raise CorruptRemoteDataError(
                 f"remote segment {segment.key} is {size} bytes, its manifest says {segment.size_bytes}")
         try:
-            with store.open_input(segment.key) as f:
-                metadata = pq.ParquetFile(f).metadata
+            metadata = read_footer(store, segment.key, size)
             raw = (metadata.metadata or {}).get(BATCHES_KEY)
             if raw is None:
                 raise CorruptRemoteDataError(f"remote segment {segment.key} has no batch list")

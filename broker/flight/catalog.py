@@ -60,8 +60,9 @@ def schema_with_field_ids(schema: pa.Schema) -> pa.Schema:
 
 
 def bucket_offsets(table: Table) -> list[dict]:
-    return [{"bucket": b.index, "log_start": b.tablet.log_start_offset, "high_watermark": b.tablet.high_watermark}
-            for b in table.buckets]
+    # The log start is the first offset a scan can read: the remote log's, when data is tiered.
+    return [{"bucket": b.index, "log_start": getattr(b, "source", b).log_start_offset,
+             "high_watermark": b.tablet.high_watermark} for b in table.buckets]
 
 
 def describe(table: Table) -> dict:

@@ -35,9 +35,15 @@ class ScanPlan:
     start: int
     end: int | None          # exclusive; None: follow without end
     follow: bool
+    remote: Any = None       # the broker's RemoteLogManager: offsets below the local log come from it
+
+    @property
+    def remote_bucket(self) -> Bucket:
+        """The bucket whose remote log holds the data (a changelog view's is its table's)."""
+        return getattr(self.bucket, "source", self.bucket)
 
 
-def plan_scan(bucket: Bucket, request: ScanRequest) -> ScanPlan:
+def plan_scan(bucket: Bucket, request: ScanRequest, remote: Any = None) -> ScanPlan:
     """Check columns, filters and offsets of one bucket's scan. Raises UnknownColumnError,
     InvalidRequestError or OffsetOutOfRangeError with the reason."""
     table = bucket.table
@@ -52,9 +58,9 @@ def plan_scan(bucket: Bucket, request: ScanRequest) -> ScanPlan:
     if any(f.column == BUCKET for f in filters):
         raise InvalidRequestError(f"{BUCKET} cannot be filtered on; choose the buckets to scan instead")
     extra = [_field(table, users, c) for c in dict.fromkeys(f.column for f in filters) if c not in names]
-    start, end = resolve_offsets(bucket, request.start, request.end, request.follow)
+    start, end = resolve_offsets(bucket, request.start, request.end, request.follow, remote)
     read = [f for f in out if f.name != BUCKET] + extra
-    return ScanPlan(bucket, out, read, filters, start, end, request.follow)
+    return ScanPlan(bucket, out, read, filters, start, end, request.follow, remote)
 
 
 def _field(table, users: pa.Schema, name: str) -> pa.Field:
@@ -68,16 +74,25 @@ def _filter(table, users: pa.Schema, raw: list) -> Filter:
     return parse_filter(raw, lambda name: _field(table, users, name))
 
 
-def resolve_offsets(bucket: Bucket, start: Any, end: int | None, follow: bool) -> tuple[int, int | None]:
+def resolve_offsets(bucket: Bucket, start: Any, end: int | None, follow: bool,
+                    remote: Any = None) -> tuple[int, int | None]:
+    """The scan's first offset and its end. With `remote` (the broker's remote log manager)
+    the log starts at the remote log's start, as for Kafka consumers."""
     tablet = bucket.tablet
-    log_start, hwm = tablet.log_start_offset, tablet.high_watermark
+    source = getattr(bucket, "source", bucket)  # a changelog view's remote log is its table's
+    log_start = source.log_start_offset if remote is not None else tablet.log_start_offset
+    hwm = tablet.high_watermark
     where = f"bucket {bucket.index} of table {bucket.table.name!r} holds offsets [{log_start}, {hwm})"
     if start == "earliest":
         first = log_start
     elif start == "latest":
         first = hwm
     elif isinstance(start, dict) and "timestamp" in start:
-        found = tablet.offset_for_timestamp(int(start["timestamp"]))
+        found = None
+        if remote is not None and log_start < tablet.log_start_offset:
+            found = remote.offset_for_timestamp(source, int(start["timestamp"]))
+        if found is None:
+            found = tablet.offset_for_timestamp(int(start["timestamp"]))
         first = hwm if found is None else max(found[0], log_start)
     elif isinstance(start, int) and not isinstance(start, bool):
         if not log_start <= start <= hwm:
@@ -104,6 +119,21 @@ def _statistics(tablet, offset: int, last_base: int) -> dict[int, dict]:
         if meta.base_offset > last_base:
             break
         out[meta.base_offset] = columns
+    return out
+
+
+def _remote_statistics(plan: ScanPlan, stored: list) -> dict[int, dict]:
+    """Column statistics of remote batches, from their segments' footers (cached)."""
+    manager = plan.remote
+    wanted = {s.meta.base_offset for s in stored}
+    out: dict[int, dict] = {}
+    manifest = manager.manifest(plan.remote_bucket)
+    for segment in manifest.segments_from(min(wanted)):
+        if segment.base_offset > max(wanted):
+            break
+        for meta, columns in manager.reader.batch_statistics(manager.store, segment):
+            if meta.base_offset in wanted:
+                out[meta.base_offset] = columns
     return out
 
 
@@ -141,7 +171,13 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
     while not cancelled():
         if plan.end is not None and offset >= plan.end:
             break
-        stored = tablet.read(offset, READ_BYTES, max_offset=plan.end)
+        tiered = plan.remote is not None and offset < tablet.log_start_offset
+        if tiered:
+            # Below the local log: the remote segments (a client that stitches reads them itself).
+            stored = [s for s in plan.remote.read_batches(plan.remote_bucket, offset, READ_BYTES)
+                      if plan.end is None or s.meta.base_offset < plan.end]
+        else:
+            stored = tablet.read(offset, READ_BYTES, max_offset=plan.end)
         if not stored:
             yield from flush()
             if not plan.follow:
@@ -149,7 +185,12 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
             if wait_for_data is not None:
                 wait_for_data(offset)
             continue
-        bounds = _statistics(tablet, offset, stored[-1].meta.base_offset) if plan.filters else {}
+        if not plan.filters:
+            bounds = {}
+        elif tiered:
+            bounds = _remote_statistics(plan, stored)
+        else:
+            bounds = _statistics(tablet, offset, stored[-1].meta.base_offset)
         for sb in stored:
             stats.batches_read += 1
             meta = sb.meta

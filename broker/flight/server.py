@@ -151,7 +151,7 @@ class TableFlightServer(flight.FlightServerBase):
         request = ScanRequest.from_bytes(ticket.ticket)
         table = self._table(request.table)
         bucket = table.bucket(request.bucket)
-        plan = plan_scan(bucket, request)
+        plan = plan_scan(bucket, request, getattr(self.broker, "remote_log", None) if request.tiered else None)
         stats = ScanStats()
 
         def cancelled() -> bool:

@@ -19,10 +19,7 @@ def rows_of(table) -> dict:
 
 @pytest.fixture(params=["local", "s3"])
 def remote_broker(request, fresh_broker):
-    from fluvial.broker.config import TOPIC_CONFIGS
-    if "remote.storage.enable" not in TOPIC_CONFIGS:
-        pytest.skip("this broker has no remote storage yet")
-    args = ["--retention-check-interval-ms", "200"]
+    args = ["--retention-check-interval-ms", "200", "--remote-log-manager-interval-ms", "200"]
     options = None
     if request.param == "s3":
         moto = request.getfixturevalue("moto_s3")
@@ -38,7 +35,7 @@ def local_start(client, table: str, bucket: int) -> int:
 
 def wipe_local_kv(broker) -> None:
     shutil.rmtree(broker.data_dir / "kv")
-    shutil.rmtree(broker.data_dir / "kv-snapshots")
+    shutil.rmtree(broker.data_dir / "kv-snapshots", ignore_errors=True)
 
 
 def test_restore_from_remote_snapshot_and_tiered_changelog(remote_broker, topic_name):

@@ -505,10 +505,7 @@ def plain_fingerprint(df) -> tuple:
 
 
 def test_native_source_over_tiered_data_equals_the_kafka_source(spark, tmp_path, topic_name):
-    from fluvial.broker.config import TOPIC_CONFIGS
-    if "remote.storage.enable" not in TOPIC_CONFIGS:
-        pytest.skip("this broker has no remote log manager yet")
-    broker = BrokerProcess(tmp_path / "data", "--retention-check-interval-ms", "200").start()
+    broker = BrokerProcess(tmp_path / "data", "--retention-check-interval-ms", "200", "--remote-log-manager-interval-ms", "200").start()
     try:
         schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64())])
         configs = {"remote.storage.enable": "true", "segment.bytes": str(128 * 1024), "local.retention.ms": "0"}

@@ -131,3 +131,27 @@ def test_first_offset_at_a_timestamp_and_errors(tiered):
         remote.plan_remote(0, USERS, ["nope"], [], system_fields())
     with pytest.raises(OffsetOutOfRangeError):
         remote.check_start(remote.RemoteLog(log.store, log.segments, 25_000, 100), 99, "t", 0)
+
+
+def test_footer_is_read_from_the_tail_only(tmp_path):
+    import pyarrow.parquet as pq
+
+    from fluvial.errors import CorruptRemoteDataError
+    from fluvial.tiering.remote_segment import FOOTER_TAIL_BYTES, read_footer
+
+    store = open_object_store((tmp_path / "remote").as_uri())
+    for extra in (100, 3 * FOOTER_TAIL_BYTES):  # a footer inside the first tail read, and one past it
+        path = tmp_path / f"f{extra}.parquet"
+        table = pa.table({"a": np.arange(50_000)}).replace_schema_metadata({"big": "x" * extra})
+        pq.write_table(table, path)
+        store.put_file(path.name, path)
+        size = store.size(path.name)
+        store.stats.reset()
+        footer = read_footer(store, path.name, size)
+        assert footer.equals(pq.read_metadata(path))
+        footer_bytes = int.from_bytes(path.read_bytes()[-8:-4], "little") + 8
+        assert store.stats.gets == (1 if footer_bytes <= FOOTER_TAIL_BYTES else 2)
+        assert store.stats.bytes_read == max(FOOTER_TAIL_BYTES, footer_bytes) < size
+    store.put("bad.parquet", b"not a parquet object at all")
+    with pytest.raises(CorruptRemoteDataError):
+        read_footer(store, "bad.parquet", store.size("bad.parquet"))
