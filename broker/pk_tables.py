@@ -244,6 +244,10 @@ class ChangelogBucket:
     def key(self) -> tuple[str, int]:
         return (self.table.name, self.index)
 
+    @property
+    def log_start_offset(self) -> int:
+        return self.source.log_start_offset
+
     def append(self, records, meta):
         raise ReadOnlyTableError(f"{self.table.name} is the read-only changelog of table {self.source.table.name}; "
                                  "write to the table itself")

@@ -35,7 +35,8 @@ def _int(body: dict, key: str, default: int | None = None) -> int:
 
 def remote_segments(broker, body: dict) -> dict:
     table = broker.tables.get(_table_name(body))
-    bucket = table.bucket(_int(body, "bucket"))
+    # A changelog view of a primary-key table reads its table's log, remote part included.
+    bucket = getattr(table.bucket(_int(body, "bucket")), "source", None) or table.bucket(_int(body, "bucket"))
     start = _int(body, "start", 0)
     manifest = broker.remote_log.manifest(bucket)
     return {

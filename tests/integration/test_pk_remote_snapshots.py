@@ -67,6 +67,11 @@ def test_restore_from_remote_snapshot_and_tiered_changelog(remote_broker, topic_
         assert read.offsets == {b: s["log_offset"] for b, s in enumerate(snaps)}
         assert rows_of(read.current()) == expected
         assert state_of(t) == expected
+        # The changelog view reads its table's tiered log: remote part by the client.
+        whole = t.scan(columns=["_offset", "_change", "id"]).to_arrow()
+        view = client.table(topic_name + ".changelog").scan(columns=["_offset", "_change", "id"])
+        assert view.to_arrow().sort_by("_offset").equals(whole.sort_by("_offset"))
+        assert view.stats.remote_rows_sent > 0
 
     broker.stop()
     wipe_local_kv(broker)

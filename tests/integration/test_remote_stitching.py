@@ -98,7 +98,7 @@ def tiered(request, fresh_broker, topic_name):
     table = client.create_table(topic_name, schema20(), configs=table_configs())
     for b in range(BATCHES):
         table.append(rows(b))
-    log = wait_tiered(client, topic_name, BATCH_ROWS * BATCHES // 3)
+    log = wait_tiered(client, topic_name, BATCH_ROWS * BATCHES // 2)
     yield broker, client, topic_name, log["local_start_offset"]
     client.close()
 
@@ -163,7 +163,9 @@ def test_filters_skip_remote_batches_by_statistics(tiered):
     assert nothing.to_arrow().num_rows == 0
     footers = nothing.stats.remote_bytes_read
     assert nothing.stats.remote_batches_skipped == nothing.stats.remote_batches_read > 0
-    assert stats.remote_bytes_read - footers < (everything.stats.remote_bytes_read - footers) / 3
+    # Only the first of at least four remote segments has a matching batch.
+    assert stats.remote_segments >= 4
+    assert stats.remote_bytes_read - footers < (everything.stats.remote_bytes_read - footers) / 2
 
 
 def test_timestamps_and_bad_offsets(tiered):
