@@ -80,40 +80,51 @@ def throughput(broker: BrokerProcess, rows: int, runs: int, engine: str, spark=N
     return {"rows": rows, "runs": [round(r) for r in rates], "median_rows_per_s": round(statistics.median(rates))}
 
 
-def freshness(broker: BrokerProcess, rate: int, seconds: int, master: str) -> dict:
+def _wait_tiered(client: fc.Client, name: str, timeout: float) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    hw = {str(o.bucket): o.high_watermark for o in client.table(name).offsets()}
+    while client.lake_info(name)["offsets"] != hw and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return hw
+
+
+def freshness(broker: BrokerProcess, rate: int, seconds: int, master: str, engine: str) -> dict:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from fluvial.tiering.lake.catalog import open_catalog
 
-    name = "fresh"
-    AdminClient({"bootstrap.servers": broker.bootstrap}).create_topics(
-        [NewTopic(name, 2, 1, config={"fluvial.lake.enable": "true"})])[name].result(10)
-    job_log = open(broker.data_dir.parent / "lake-job.log", "wb")
+    name = f"fresh-{engine}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(name, 2, 1, config={"fluvial.lake.enable": "true"})])[name].result(10)
+    job_log = open(broker.data_dir.parent / f"lake-job-{engine}.log", "wb")
     job = subprocess.Popen([sys.executable, "-m", "fluvial.tiering.lake", "--url", broker.flight_url,
-                            "--master", master, "--table", name, "--poll", "0.5"], stdout=job_log, stderr=job_log)
+                            "--engine", engine, "--master", master, "--table", name, "--poll", "0.5"],
+                           stdout=job_log, stderr=job_log)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20, "acks": "all"})
+    payload = b"x" * 100
     try:
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20, "acks": "all"})
-        payload = b"x" * 100
-        began = time.monotonic()
-        sent = 0
-        loads = []
-        while (now := time.monotonic()) - began < seconds:
-            due = int((now - began) * rate)
-            for _ in range(due - sent):
-                producer.produce(name, value=payload)
-                sent += 1
-            producer.poll(0)
-            if sent % (rate * 10) < rate // 100:
-                loads.append(os.getloadavg()[0])
-            time.sleep(0.005)
-        producer.flush(30)
-        # Let the last rows be tiered (at most one freshness interval and a round).
-        deadline = time.monotonic() + 120
         with fc.connect(broker.flight_url) as client:
-            hw = {str(o.bucket): o.high_watermark for o in client.table(name).offsets()}
-            while client.lake_info(name)["offsets"] != hw and time.monotonic() < deadline:
-                time.sleep(0.5)
+            # Warm-up: the job's first round (Spark's start, imports) is not steady state.
+            for _ in range(1000):
+                producer.produce(name, value=payload)
+            producer.flush(30)
+            warm = _wait_tiered(client, name, 300)
+            began = time.monotonic()
+            sent = 0
+            loads = []
+            while (now := time.monotonic()) - began < seconds:
+                due = int((now - began) * rate)
+                for _ in range(due - sent):
+                    producer.produce(name, value=payload)
+                    sent += 1
+                producer.poll(0)
+                if not loads or now - began > 10 * len(loads):
+                    loads.append(round(os.getloadavg()[0], 1))
+                time.sleep(0.005)
+            producer.flush(30)
+            # Let the last rows be tiered (at most one freshness interval and a round).
+            _wait_tiered(client, name, 180)
             info = client.lake_info(name)
     finally:
         job.terminate()
@@ -121,17 +132,18 @@ def freshness(broker: BrokerProcess, rate: int, seconds: int, master: str) -> di
     lake = open_catalog(info["catalog"]).load_table(tuple(info["identifier"]))
     snapshots = sorted(lake.snapshots(), key=lambda s: s.timestamp_ms)
     data = lake.scan(selected_fields=("_bucket", "_offset", "_timestamp")).to_arrow()
-    lags = []
+    lags, round_ms = [], []
     for bucket in (0, 1):
-        part = data.filter(pa.compute.equal(data.column("_bucket"), bucket))
+        part = data.filter(pa.compute.and_(pa.compute.equal(data.column("_bucket"), bucket),
+                                        pa.compute.greater_equal(data.column("_offset"), warm[str(bucket)])))
         offsets = part.column("_offset").to_numpy()
         produced = part.column("_timestamp").cast(pa.int64()).to_numpy() / 1000  # us -> ms
-        ends = np.array([json.loads(s.summary["fluvial.offsets"]).get(str(bucket), 0) for s in snapshots])
+        ends = np.maximum.accumulate([json.loads(s.summary["fluvial.offsets"]).get(str(bucket), 0) for s in snapshots])
         commit = np.array([s.timestamp_ms for s in snapshots])
-        first = np.searchsorted(np.maximum.accumulate(ends), offsets, side="right")
+        first = np.searchsorted(ends, offsets, side="right")
         lags.append((commit[first] - produced) / 1000)
     lag = np.concatenate(lags)
-    return {"rate": rate, "seconds": seconds, "records": int(lag.size), "rounds": len(snapshots),
+    return {"engine": engine, "rate": rate, "seconds": seconds, "records": int(lag.size), "rounds": len(snapshots),
             "lag_p50_s": round(float(np.percentile(lag, 50)), 2), "lag_p99_s": round(float(np.percentile(lag, 99)), 2),
             "lag_max_s": round(float(lag.max()), 2), "freshness_s": 30, "loadavg_during": loads}
 
@@ -144,25 +156,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=int, default=150)
     p.add_argument("--master", default="local[2]")
     p.add_argument("--skip-freshness", action="store_true")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--engines", default="spark,native", help="tiering engines of the freshness runs")
     args = p.parse_args(argv)
-    out: dict = {"machine": machine.describe(), "loadavg_start": os.getloadavg()}
+    # Parts run separately update their own keys of the results file.
+    out: dict = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    out.update({"machine": machine.describe(), "loadavg_start": os.getloadavg()})
     with tempfile.TemporaryDirectory(prefix="bench-lake-") as tmp:
         broker = BrokerProcess(Path(tmp) / "data").start()
         try:
-            from fluvial.tiering.lake.spark_job import spark_session
-            spark = spark_session(args.master, {"spark.ui.enabled": "false", "spark.driver.memory": "2g"})
-            spark.sparkContext.setLogLevel("ERROR")
-            print("tiering throughput, Spark", args.master, flush=True)
-            # One warm-up round first: Python workers and imports start once per Spark application.
-            throughput(broker, 100_000, 1, "spark", spark)
-            out["spark"] = throughput(broker, args.rows, args.runs, "spark", spark)
-            out["spark-tasks"] = throughput(broker, args.rows, args.runs, "spark-tasks", spark)
-            spark.stop()
-            print("tiering throughput, in one process", flush=True)
-            out["native"] = throughput(broker, args.rows, args.runs, "native")
+            if not args.skip_throughput:
+                measure_throughput(broker, args, out)
             if not args.skip_freshness:
                 print(f"freshness lag at {args.rate:,} rec/s for {args.seconds} s", flush=True)
-                out["freshness"] = freshness(broker, args.rate, args.seconds, args.master)
+                for engine in args.engines.split(","):
+                    out[f"freshness-{engine}"] = freshness(broker, args.rate, args.seconds, args.master, engine)
+                    print(out[f"freshness-{engine}"], flush=True)
         finally:
             broker.stop()
     out["loadavg_end"] = os.getloadavg()
@@ -171,6 +180,20 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.write_text(json.dumps(out, indent=1))
     return 0
 
+
+def measure_throughput(broker: BrokerProcess, args, out: dict) -> None:
+    from fluvial.tiering.lake.spark_job import spark_session
+
+    spark = spark_session(args.master, {"spark.ui.enabled": "false", "spark.driver.memory": "2g"})
+    spark.sparkContext.setLogLevel("ERROR")
+    print("tiering throughput, Spark", args.master, flush=True)
+    # One warm-up round first: Python workers and imports start once per Spark application.
+    throughput(broker, 100_000, 1, "spark-tasks", spark)
+    out["spark-tasks"] = throughput(broker, args.rows, args.runs, "spark-tasks", spark)
+    out["spark-source"] = throughput(broker, args.rows, args.runs, "spark", spark)
+    spark.stop()
+    print("tiering throughput, in one process", flush=True)
+    out["native"] = throughput(broker, args.rows, args.runs, "native")
 
 if __name__ == "__main__":
     sys.exit(main())

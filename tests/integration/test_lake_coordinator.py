@@ -91,6 +91,14 @@ def test_alter_enables_lake_and_worker_tiers_rounds(fresh_broker):
         assert worker.run_once().rows == 50
         got = lake_rows(client.lake_info("late"))
         assert sorted(got.column("id").to_pylist()) == list(range(150))
+        # A new table of the same name gets a new lake table; the old one is kept aside.
+        client.drop_table("late")
+        client.create_table("late", SCHEMA, lake=True).append(rows(0, 5))
+        assert client.lake_info("late")["offsets"] == {}
+        assert worker.run_once().rows == 5
+        assert sorted(lake_rows(client.lake_info("late")).column("id").to_pylist()) == list(range(5))
+        names = open_catalog(client.lake_info("late")["catalog"]).list_tables("fluvial")
+        assert len([n for n in names if n[1].startswith("late__")]) == 1
 
 
 def test_status_and_describe_commands(fresh_broker):

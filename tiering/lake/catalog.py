@@ -22,6 +22,8 @@ from fluvial.tiering.lake.schema import lake_arrow_schema
 NAMESPACE = "fluvial"
 CATALOG_NAME = "fluvial"
 OFFSETS_PROPERTY = "fluvial.offsets"
+# Table property: the topic id of the Fluvial table a lake table belongs to.
+TOPIC_ID_PROPERTY = "fluvial.topic-id"
 # A lake commit must fail, not be rebased, when another commit landed since the job read
 # the lake's offsets: pyiceberg retries conflicting appends by default, which would tier the
 # same offsets twice.
@@ -72,20 +74,29 @@ def iceberg_schema(arrow_schema: pa.Schema, primary_key: list[str] | None):
     return Schema(*schema.fields, identifier_field_ids=ids)
 
 
-def ensure_lake_table(catalog, name: str, user_schema: pa.Schema, primary_key: list[str] | None, raw: bool):
+def ensure_lake_table(catalog, name: str, user_schema: pa.Schema, primary_key: list[str] | None, raw: bool,
+                      topic_id: str | None = None):
     """Create the lake table of a Fluvial table, or add the columns the table gained since
-    (Iceberg schema evolution: existing rows read the new columns as null). Returns it."""
-    from pyiceberg.exceptions import NoSuchTableError
+    (Iceberg schema evolution: existing rows read the new columns as null). Returns it.
+
+    With `topic_id` (the broker's call): a lake table left by an earlier, deleted table of
+    the same name (its offsets mean nothing for the new one) is kept under
+    `<name>__<its topic id>` and a new one is made."""
+    from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 
     target = lake_arrow_schema(user_schema, primary_key, raw)
     _ensure_namespace(catalog)
+    props = {**TABLE_PROPERTIES, **({TOPIC_ID_PROPERTY: topic_id} if topic_id else {})}
     try:
         table = catalog.load_table(identifier(name))
+        owner = table.properties.get(TOPIC_ID_PROPERTY)
+        if topic_id and owner and owner != topic_id:
+            catalog.rename_table(identifier(name), (NAMESPACE, f"{name}__{owner.replace('-', '')}"))
+            raise NoSuchTableError(name)
     except NoSuchTableError:
-        from pyiceberg.exceptions import TableAlreadyExistsError
         try:
             return catalog.create_table(identifier(name), schema=iceberg_schema(target, primary_key),
-                                        properties=TABLE_PROPERTIES)
+                                        properties=props)
         except TableAlreadyExistsError:  # created meanwhile by the broker or another job
             table = catalog.load_table(identifier(name))
     have = set(table.schema().column_names)

@@ -121,7 +121,7 @@ class LakeCoordinator:
         """Create or evolve the lake table of a broker table (blocking catalog I/O)."""
         schema, pk, raw = table_shape(table)
         with self._ensure_lock:
-            return lake_catalog.ensure_lake_table(self.catalog(), table.name, schema, pk, raw)
+            return lake_catalog.ensure_lake_table(self.catalog(), table.name, schema, pk, raw, str(table.topic_id))
 
     # -- state rows --------------------------------------------------------------------
 
