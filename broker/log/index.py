@@ -53,6 +53,13 @@ class SparseIndex:
         tmp.write_bytes(entries.tobytes())
         os.replace(tmp, self.path)
 
+    def stored(self) -> bool:
+        """Whether the file holds exactly the in-memory entries."""
+        keys, values, count = self._snapshot
+        on_disk = self.read_entries(self.path)
+        return (on_disk is not None and len(on_disk) == count
+                and np.array_equal(on_disk["key"], keys[:count]) and np.array_equal(on_disk["value"], values[:count]))
+
     def create_empty(self) -> None:
         self.path.write_bytes(b"")
 

@@ -244,9 +244,12 @@ class LogSegment:
                 f.truncate(position)
                 os.fsync(f.fileno())
             sync_journal.synced(self.data_path, position)
-        self.offset_index.write_all()
-        self.time_index.write_all()
-        self.offset_index.write_through = self.time_index.write_through = True
+        for index in (self.offset_index, self.time_index):
+            # Rewritten only when it changed: replacing a file costs a rename (ext4 writes the
+            # new file's blocks out first), and after a clean close nothing changes.
+            if not index.stored():
+                index.write_all()
+            index.write_through = True
 
     def _add_batch(self, header: BatchHeader) -> None:
         """Account for a batch now in the file: index entries when due, then the visible state."""
