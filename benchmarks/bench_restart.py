@@ -7,8 +7,10 @@ some more records are produced (so the active segments hold data written since t
 recovery checkpoint, as after any crash), the broker is killed with SIGKILL and started
 again. Measured from the new process's start: when the Kafka port accepts a TCP
 connection ("port open") and when a consumer's first fetch from offset 0 of partition 0
-is answered ("first fetch"). A clean restart (SIGTERM, then start) is measured the same
-way. Medians of the rounds; the load average is recorded with each figure. Saves
+is answered ("first fetch"); and, from the broker's log, how long opening (recovering)
+the log tablets took ("log open"), the part that grows with the log. A clean restart
+(SIGTERM, then start) is measured the same way, and so is an empty broker's start (the
+floor: interpreter, imports, listeners). Medians of the rounds; the load average is recorded with each figure. Saves
 benchmarks/results/restart.json.
 
     python -m benchmarks.bench_restart [--sizes 100M,1G,5G] [--rounds 3] [--partitions 4]
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import shutil
 import socket
@@ -103,8 +106,18 @@ def first_fetch(bootstrap: str, started: float, timeout: float = 300) -> float:
         c.close()
 
 
-def timed_start(broker: BrokerProcess) -> dict[str, float]:
-    """Start the broker; seconds from spawning the process to port open and to first fetch."""
+OPENED = re.compile(r"opened \d+ tables \((\d+) buckets\) in ([0-9.]+) s")
+
+
+def log_open_seconds(broker: BrokerProcess) -> float | None:
+    """The broker's own figure for opening (and recovering) its log tablets, from its log."""
+    found = OPENED.findall(broker.log_tail(400))
+    return float(found[-1][1]) if found else None
+
+
+def timed_start(broker: BrokerProcess, fetch: bool = True) -> dict[str, float]:
+    """Start the broker; seconds from spawning the process to port open and to first fetch,
+    and the part of it the broker spent opening its log tablets."""
     cmd = [sys.executable, "-m", "fluvial.broker", "broker", "--data-dir", str(broker.data_dir),
            "--kafka-port", str(broker.port), "--http-port", "0", "--flight-port", "0", "--log-format", "text",
            *broker.extra_args]
@@ -113,8 +126,25 @@ def timed_start(broker: BrokerProcess) -> dict[str, float]:
     broker.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
     port_open = wait_port(broker.port, started)
-    fetched = first_fetch(broker.bootstrap, started)
-    return {"port_open_s": port_open, "first_fetch_s": fetched, "load_avg_1m": os.getloadavg()[0]}
+    out = {"port_open_s": port_open}
+    if fetch:
+        out["first_fetch_s"] = first_fetch(broker.bootstrap, started)
+    out["log_open_s"] = log_open_seconds(broker)
+    out["load_avg_1m"] = os.getloadavg()[0]
+    return out
+
+
+def empty_start(workdir: Path, rounds: int) -> dict:
+    """The floor: a broker with no tables (interpreter start, imports, listeners)."""
+    broker = BrokerProcess(workdir / "empty").start()
+    runs = []
+    try:
+        for _ in range(rounds):
+            broker.stop()
+            runs.append(timed_start(broker, fetch=False))
+    finally:
+        broker.stop()
+    return {"port_open_s": statistics.median(r["port_open_s"] for r in runs), "runs": runs}
 
 
 def measure_size(size: int, args, workdir: Path) -> dict:
@@ -143,20 +173,21 @@ def _measure(broker: BrokerProcess, data: Path, size: int, args) -> dict:
         broker.kill9()
         m = timed_start(broker)
         kill9.append(m)
-        print(f"  kill -9 round {r}: port open {m['port_open_s']:.2f} s, first fetch {m['first_fetch_s']:.2f} s "
-              f"(load {m['load_avg_1m']:.1f})", flush=True)
+        print(f"  kill -9 round {r}: port open {m['port_open_s']:.2f} s, first fetch {m['first_fetch_s']:.2f} s, "
+              f"log tablets opened in {m['log_open_s']} s (load {m['load_avg_1m']:.1f})", flush=True)
     for r in range(args.rounds):
         broker.stop()
         m = timed_start(broker)
         clean.append(m)
-        print(f"  clean round {r}: port open {m['port_open_s']:.2f} s, first fetch {m['first_fetch_s']:.2f} s "
-              f"(load {m['load_avg_1m']:.1f})", flush=True)
+        print(f"  clean round {r}: port open {m['port_open_s']:.2f} s, first fetch {m['first_fetch_s']:.2f} s, "
+              f"log tablets opened in {m['log_open_s']} s (load {m['load_avg_1m']:.1f})", flush=True)
     size_on_disk = log_bytes(data)
     broker.stop()
 
     def summary(runs: list[dict]) -> dict:
         return {"port_open_s": statistics.median(x["port_open_s"] for x in runs),
                 "first_fetch_s": statistics.median(x["first_fetch_s"] for x in runs),
+                "log_open_s": statistics.median(x["log_open_s"] or 0.0 for x in runs),
                 "runs": runs}
 
     return {"target_bytes": size, "log_bytes": size_on_disk, "records": records, "fill_s": fill_s,
@@ -189,13 +220,17 @@ def main() -> None:
         if previous.get("broker_args") == args.broker_args and previous.get("partitions") == args.partitions:
             results["sizes"].update(previous.get("sizes", {}))  # a run of some sizes keeps the others
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        results["empty"] = empty_start(Path(tmp), args.rounds)
+        print(f"empty broker: port open {results['empty']['port_open_s']:.2f} s", flush=True)
         for size, label in zip(sizes, args.sizes.split(",")):
             print(f"{label}:", flush=True)
             results["sizes"][label] = measure_size(size, args, Path(tmp))
     for label, r in results["sizes"].items():
-        print(f"{label:>6} ({r['log_bytes'] / 2**20:.0f} MiB): kill -9 port open {r['kill9']['port_open_s']:.2f} s, "
-              f"first fetch {r['kill9']['first_fetch_s']:.2f} s; clean port open {r['clean']['port_open_s']:.2f} s, "
-              f"first fetch {r['clean']['first_fetch_s']:.2f} s")
+        k, c = r["kill9"], r["clean"]
+        print(f"{label:>6} ({r['log_bytes'] / 2**20:.0f} MiB): kill -9 port open {k['port_open_s']:.2f} s, "
+              f"first fetch {k['first_fetch_s']:.2f} s, log open {k.get('log_open_s', 0):.3f} s; "
+              f"clean port open {c['port_open_s']:.2f} s, first fetch {c['first_fetch_s']:.2f} s, "
+              f"log open {c.get('log_open_s', 0):.3f} s")
     if not args.no_save:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")

@@ -259,13 +259,16 @@ class TableManager:
 
     def open_all(self) -> None:
         """Open every table at start-up, before any listener serves (blocking is fine here)."""
+        started = time.perf_counter()
+        buckets = 0
         for row in self.store.query("SELECT name, topic_id, buckets, configs, created_ms FROM tables"):
             table = Table(row["name"], uuid.UUID(row["topic_id"]), json.loads(row["configs"]), row["created_ms"],
                           broker_defaults=broker_topic_defaults(self.config))
             for i in range(row["buckets"]):
                 table.buckets.append(self._open_bucket(table, i))
+            buckets += len(table.buckets)
             self._publish(table, self._prepare_open(table))
-        log.info("opened %d tables", len(self.tables))
+        log.info("opened %d tables (%d buckets) in %.3f s", len(self.tables), buckets, time.perf_counter() - started)
 
     def _bucket_dir(self, name: str, index: int) -> Path:
         return self.log_dir / f"{name}-{index}"

@@ -96,7 +96,7 @@ def test_kill9_during_acks_all_produce_loses_nothing_acknowledged(tmp_path):
         assert offs == list(range(len(offs)))
 
 
-def test_kill9_under_librdkafka_idempotent_producer_into_pk_table(tmp_path):
+def test_kill9_under_librdkafka_idempotent_producer_into_pk_table(fresh_broker):
     """One idempotent confluent-kafka producer keeps writing upserts (each an update of one
     of 40 keys, so the changelog has more rows than the batches records) while the broker is
     killed with SIGKILL and restarted three times; the producer's in-flight batches are
@@ -110,7 +110,7 @@ def test_kill9_under_librdkafka_idempotent_producer_into_pk_table(tmp_path):
     from fluvial.client import connect
 
     rng = random.Random(11)
-    b = BrokerProcess(tmp_path / "data").start()
+    b = fresh_broker()  # stopped by the fixture, also when the test fails
     table, keys = "accounts", 40
     with connect(b.flight_url) as client:
         client.create_table(table, pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.int64())]),
