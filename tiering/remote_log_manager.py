@@ -353,7 +353,7 @@ class RemoteLogManager:
         try:
             for segment in manifest.segments_from(offset):
                 for stored in self.reader.read_batches(self.store, segment, offset, columns):
-                    size = stored.batch.get_total_buffer_size()
+                    size = stored.batch.nbytes  # counts only the slice of the row group
                     if out and used + size > max_bytes:
                         return out
                     out.append(stored)
