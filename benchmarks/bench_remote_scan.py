@@ -11,7 +11,7 @@ their local copies are deleted. The offsets that are only remote are then read:
    process), against the full native scan (broker CPU of the same offsets).
 
 Median of `--runs` runs each. The object store is a local folder by default, or a real
-moto_server S3 process (`--s3`). Saves benchmarks/results/remote_scan.json.
+moto_server S3 process (`--s3`). Saves benchmarks/results/remote_scan.json (remote_scan_s3.json).
 
     python -m benchmarks.bench_remote_scan [--rows 300000] [--runs 3] [--s3]
 """
@@ -44,19 +44,17 @@ def broker_cpu(broker: BrokerProcess) -> float:
     return times.user + times.system
 
 
-def wait_tiered(client: fc.Client, buckets: int, timeout: float = 600) -> dict[int, int]:
-    """Until every closed segment is remote and deleted locally; the first local offset per bucket."""
+def wait_tiered(client: fc.Client, buckets: int, timeout: float = 900) -> dict[int, int]:
+    """Until every closed segment is remote and its local copy deleted (only the active
+    segment is local); the first local offset per bucket."""
     deadline = time.monotonic() + timeout
     while True:
-        starts = {}
-        for b in range(buckets):
-            log = client._action("remote-segments", {"name": TABLE, "table": TABLE, "bucket": b, "start": 0})
-            end = log["segments"][-1]["next_offset"] if log["segments"] else 0
-            starts[b] = log["local_start_offset"] if end and log["local_start_offset"] >= end else 0
-        if all(starts.values()):
-            return starts
+        status = client._action("status", {"name": TABLE})["buckets"]
+        if all(b["local"]["segments"] <= 1 and b["remote"]["segments"]
+               and b["remote"]["end_offset"] == b["local"]["start_offset"] for b in status):
+            return {b["bucket"]: b["local"]["start_offset"] for b in status}
         if time.monotonic() > deadline:
-            raise SystemExit(f"tiering did not finish in {timeout}s: {starts}")
+            raise SystemExit(f"tiering did not finish in {timeout}s: {status}")
         time.sleep(0.5)
 
 
@@ -178,8 +176,9 @@ def main() -> None:
     }
     print(json.dumps(out["ratios"], indent=1))
     if not args.no_save:
-        RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-        print(f"saved {RESULTS}")
+        path = RESULTS.with_name("remote_scan_s3.json") if args.s3 else RESULTS
+        path.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"saved {path}")
 
 
 if __name__ == "__main__":
