@@ -14,6 +14,9 @@ floor: interpreter, imports, listeners). Medians of the rounds; the load average
 benchmarks/results/restart.json.
 
     python -m benchmarks.bench_restart [--sizes 100M,1G,5G] [--rounds 3] [--partitions 4]
+
+`--tablet-sizes 1G` measures instead, in-process, the reopening of one log tablet after a
+crash with and without its recovery point (benchmarks/results/restart-tablet.json).
 """
 from __future__ import annotations
 
@@ -198,6 +201,59 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
 
+def tablet_reopen(size: int, workdir: Path, rounds: int) -> dict:
+    """In-process, one bucket: a log tablet of `size` written in 16 KiB batches with a flush
+    (flush policy ack) every 64 batches, never closed (a crash), then opened again: with its
+    recovery point (only what may be torn is checked) and without it (every batch checked,
+    what a segment past the recovery point costs)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from fluvial.broker.log import BatchMeta, FlushPolicy, LogConfig, LogTablet
+    from fluvial.broker.log.tablet import RECOVERY_POINT_CHECKPOINT
+
+    directory = workdir / f"tablet-{size}"
+    shutil.rmtree(directory, ignore_errors=True)
+    config = LogConfig(flush_policy=FlushPolicy.ACK, segment_bytes=max(size * 2, 1 << 20))
+    tablet = LogTablet.open(directory, config)
+    n = BATCH_BYTES // len(VALUE)
+    now = int(time.time() * 1000)
+    rows = pa.record_batch({
+        "_timestamp": pa.array(np.full(n, now), pa.timestamp("ms", tz="UTC")),
+        "_change": pa.array(np.zeros(n, np.int8)),
+        "_key": pa.nulls(n, pa.binary()),
+        "_headers": pa.nulls(n, pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+        "value": pa.array([VALUE] * n, pa.binary()),
+    })
+    meta = BatchMeta(-1, n - 1, n, now, now)
+    batches = 0
+    while tablet.size_bytes < size:
+        tablet.append(rows, meta)
+        batches += 1
+        if batches % 64 == 0:
+            tablet.flush()
+    tablet.flush()
+    checkpoint = (directory / RECOVERY_POINT_CHECKPOINT).read_bytes()
+    out = {"log_bytes": tablet.size_bytes, "batches": batches, "with_recovery_point_s": [], "full_check_s": []}
+    del tablet  # never closed: as after kill -9
+    for _ in range(rounds):
+        for key, keep in (("with_recovery_point_s", True), ("full_check_s", False)):
+            path = directory / RECOVERY_POINT_CHECKPOINT
+            if keep:
+                path.write_bytes(checkpoint)
+            else:
+                path.unlink(missing_ok=True)
+            t0 = time.perf_counter()
+            reopened = LogTablet.open(directory, config)
+            out[key].append(time.perf_counter() - t0)
+            del reopened
+    shutil.rmtree(directory, ignore_errors=True)
+    out["load_avg_1m"] = os.getloadavg()[0]
+    for key in ("with_recovery_point_s", "full_check_s"):
+        out[key + "_median"] = statistics.median(out[key])
+    return out
+
+
 def main() -> None:
     # A SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the broker under test is stopped.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -209,9 +265,24 @@ def main() -> None:
                     help="produced before each kill -9")
     ap.add_argument("--broker-args", default="", help="extra broker arguments, e.g. '--flush-policy none'")
     ap.add_argument("--workdir", default=None, help="where the data directories go (default: a temp dir)")
+    ap.add_argument("--tablet-sizes", default=None,
+                    help="instead: reopen one log tablet in-process after a crash, e.g. 1G")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
     args.broker_args = args.broker_args.split()
+    if args.tablet_sizes:
+        tablet_results = {"benchmark": "restart-tablet", "machine": machine.describe(), "sizes": {}}
+        with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+            for label in args.tablet_sizes.split(","):
+                r = tablet_results["sizes"][label] = tablet_reopen(parse_size(label), Path(tmp), args.rounds)
+                print(f"{label} ({r['log_bytes'] / 2**20:.0f} MiB, {r['batches']} batches): reopen after a crash "
+                      f"{r['with_recovery_point_s_median']:.3f} s with the recovery point, "
+                      f"{r['full_check_s_median']:.3f} s checking every batch (load {r['load_avg_1m']:.1f})")
+        if not args.no_save:
+            path = RESULTS.with_name("restart-tablet.json")
+            path.write_text(json.dumps(tablet_results, indent=2) + "\n")
+            print(f"saved {path}")
+        return
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     results = {"benchmark": "restart", "machine": machine.describe(), "partitions": args.partitions,
                "broker_args": args.broker_args, "value_bytes": len(VALUE), "sizes": {}}
