@@ -15,7 +15,6 @@ from typing import Protocol
 
 import jsonschema
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
@@ -409,6 +408,9 @@ class JsonValueCodec(_SubjectCodec):
         if n == 0:
             return pa.array([], pa.binary())
         table = pa.Table.from_arrays(cols.flatten(), schema=pa.schema(list(cols.type)))
+        # Imported on first use: polars costs about 0.3 s of every broker start otherwise.
+        import polars as pl
+
         text = pl.from_arrow(table).write_ndjson().encode()
         data = np.frombuffer(text, np.uint8)
         ends = np.flatnonzero(data == 10)
