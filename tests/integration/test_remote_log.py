@@ -445,3 +445,30 @@ def test_tiering_actions_refuse_bad_requests(fresh_broker, topic_name):
     body = action(broker, "remote-segments", {"name": topic_name, "bucket": 0, "start": 0})
     assert body["segments"] == [] and body["log_start_offset"] == body["local_start_offset"] == 0
     assert body["store"]["url"].startswith("file://")
+
+
+def test_list_offsets_specs_over_remote_data(fresh_broker, topic_name):
+    from kafka import TopicPartition as KTP
+    from kafka.admin import KafkaAdminClient
+    from kafka.protocol.consumer.offsets import OffsetSpec
+
+    broker = fresh_broker(*FAST)
+    create(broker, topic_name)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 2, "acks": "all", "batch.size": 4096})
+    for i in range(1500):
+        # Offset 7 carries the largest timestamp; it ends up in the remote log.
+        p.produce(topic_name, value=b"x" * 60, partition=0, timestamp=BASE_TS + (10**6 if i == 7 else i))
+    assert p.flush(30) == 0
+    status = wait_tiered(broker, topic_name, local_start_above=300)
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    tp = KTP(topic_name, 0)
+    answers = {spec: admin.list_partition_offsets({tp: spec})[tp] for spec in
+               (OffsetSpec.EARLIEST, OffsetSpec.EARLIEST_LOCAL, OffsetSpec.LATEST_TIERED, OffsetSpec.MAX_TIMESTAMP,
+                OffsetSpec.LATEST)}
+    admin.close()
+    assert answers[OffsetSpec.EARLIEST].offset == 0
+    assert answers[OffsetSpec.EARLIEST_LOCAL].offset >= status["local"]["start_offset"] > 0
+    assert answers[OffsetSpec.LATEST_TIERED].offset >= status["remote"]["end_offset"] - 1
+    assert (answers[OffsetSpec.MAX_TIMESTAMP].offset, answers[OffsetSpec.MAX_TIMESTAMP].timestamp) == \
+        (7, BASE_TS + 10**6)
+    assert answers[OffsetSpec.LATEST].offset == 1500
