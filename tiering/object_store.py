@@ -99,9 +99,10 @@ class ObjectStore(ABC):
         except ObjectNotFound:
             return False
 
-    def open_input(self, key: str) -> pa.NativeFile:
-        """A random-access file over the object; every read is a ranged get (for Parquet footers and column chunks)."""
-        return pa.PythonFile(_RangedReader(self, key, self.size(key)), mode="r")
+    def open_input(self, key: str, size: int | None = None) -> pa.NativeFile:
+        """A random-access file over the object; every read is a ranged get (for Parquet footers
+        and column chunks). ``size``, when the caller knows it, saves asking the store."""
+        return pa.PythonFile(_RangedReader(self, key, self.size(key) if size is None else size), mode="r")
 
     def public_description(self) -> dict:
         """What a client needs to find the store: the URL and the non-secret options."""
@@ -254,7 +255,7 @@ class LocalObjectStore(ObjectStore):
             except OSError as exc:
                 raise ObjectStoreError(f"cannot delete {key} from {self.url}: {exc}") from exc
 
-    def open_input(self, key: str) -> pa.NativeFile:
+    def open_input(self, key: str, size: int | None = None) -> pa.NativeFile:
         path = self._path(key)
         try:
             return _CountingFile(self, pa.OSFile(str(path), "r"))

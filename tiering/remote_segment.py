@@ -242,7 +242,8 @@ class RemoteSegmentReader:
                 self._groups.move_to_end(cache_key)
                 return table
         try:
-            with store.open_input(segment.key) as f:
+            # The size was checked when the footer was read: no need to ask the store again.
+            with store.open_input(segment.key, segment.size_bytes) as f:
                 parquet = pq.ParquetFile(f, metadata=footer.metadata, page_checksum_verification=True)
                 table = parquet.read_row_group(index, columns=columns).combine_chunks()
         except StorageError:
