@@ -472,3 +472,22 @@ def test_list_offsets_specs_over_remote_data(fresh_broker, topic_name):
     assert (answers[OffsetSpec.MAX_TIMESTAMP].offset, answers[OffsetSpec.MAX_TIMESTAMP].timestamp) == \
         (7, BASE_TS + 10**6)
     assert answers[OffsetSpec.LATEST].offset == 1500
+
+
+def test_retention_ms_expires_remote_segments(fresh_broker, topic_name):
+    broker = fresh_broker(*FAST)
+    create(broker, topic_name, **{"retention.ms": str(24 * 3600 * 1000)})
+    old = produce(broker, topic_name, 800, base_ts=BASE_TS - 3 * 24 * 3600 * 1000)  # three days old
+    new = produce(broker, topic_name, 800, start=800)
+    # The old records' segments are uploaded and then expire by retention.ms (the whole
+    # log's): the log start moves past them, in the remote log and for Kafka clients.
+    deadline = time.monotonic() + 30
+    while (status := action(broker, "status", {"name": topic_name})["buckets"][0])["log_start_offset"] < 400:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    time.sleep(1)  # later rounds may expire more old segments, never a new record
+    status = action(broker, "status", {"name": topic_name})["buckets"][0]
+    start = status["log_start_offset"]
+    assert start <= 800 and status["remote"]["start_offset"] == start
+    got = consume_confluent(broker, topic_name, 0, OFFSET_BEGINNING, 1600 - start)
+    assert got[0][0] == start and got == expected(old + new, start)
