@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import logging
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ import pyarrow.flight as flight
 
 from fluvial.client import pk, remote, union
 from fluvial.client.errors import InvalidRequestError, OffsetOutOfRangeError, from_flight
+from fluvial.errors import ObjectNotFound, ObjectStoreError
 from fluvial.client.wire import (
     CREATE_TABLE, DESCRIBE, DROP_TABLE, LIST_TABLES, OFFSETS, Appended, AppendRequest, ScanRequest, ScanStats,
     schema_from_b64, schema_to_b64,
@@ -364,6 +366,14 @@ def normalize_filters(filter: Any) -> list[list[Any]]:
 
 
 _DONE = object()
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _BrokerServes:
+    """The client cannot read the remote segments: the broker serves from `offset` on."""
+
+    offset: Any
 
 
 def _plain_schema(schema: pa.Schema) -> pa.Schema:
@@ -408,6 +418,10 @@ class Scan:
             start = self._read_remote(bucket, start, end, emit, stop)
             if start is None or stop.is_set():
                 return  # the remote part reached the end
+            if isinstance(start, _BrokerServes):
+                # The store cannot be read from here: the broker serves the rest, remote part included.
+                self._read_broker(bucket, start.offset, end, follow, emit, stop, readers, tiered=True)
+                return
             try:
                 self._read_broker(bucket, start, end, follow, emit, stop, readers)
                 return
@@ -420,11 +434,12 @@ class Scan:
                     raise
 
     def _read_broker(self, bucket: int, start: Any, end: Any, follow: bool, emit, stop: threading.Event,
-                     readers: dict) -> None:
+                     readers: dict, tiered: bool | None = None) -> None:
         client = self.table.client._flight
         # A client that reads tiered offsets itself leaves them out of what the broker serves.
+        tiered = not self.table.client.remote_reads if tiered is None else tiered
         request = ScanRequest(self.table.name, bucket, self.columns, start, end, self.filter, follow,
-                              tiered=not self.table.client.remote_reads)
+                              tiered=tiered)
         try:
             reader = client.do_get(flight.Ticket(request.to_bytes()))
             readers[bucket] = reader
@@ -457,8 +472,11 @@ class Scan:
             return start
         from fluvial.tiering.remote_segment import RemoteSegmentReader
         reader = RemoteSegmentReader(cache_bytes=remote.READER_CACHE_BYTES)
-        store = remote.StoreCache(client.object_store_options).open(log.store)
+        figures = remote.RemoteStats()
+        offset = start
+        store = None
         try:
+            store = remote.StoreCache(client.object_store_options).open(log.store)
             if start == "earliest":
                 first = log.log_start_offset
             elif isinstance(start, dict) and "timestamp" in start:
@@ -478,22 +496,34 @@ class Scan:
             plan = remote.plan_remote(bucket, _plain_schema(self.table.schema), self.columns, self.filter,
                                       _system_fields())
             emit(("schema", plan.out_schema))
-            figures = remote.RemoteStats()
             offset = first
             for batch, offset in remote.read_remote(reader, store, log, plan, first, stop_at, figures,
                                                     stop.is_set):
                 if batch is not None:
                     emit(("batch", bucket, batch))
-            stats = ScanStats(batches_read=0, end_offset=offset, remote_segments=figures.segments,
-                              remote_batches_read=figures.batches_read,
-                              remote_batches_skipped=figures.batches_skipped, remote_rows_read=figures.rows_read,
-                              remote_rows_sent=figures.rows_sent, remote_bytes_read=store.stats.bytes_read)
-            emit(("stats", bucket, stats))
-            if end is not None and offset >= end:
-                return None
-            return offset
+        except (ObjectNotFound, ObjectStoreError) as exc:
+            # Not corrupt data (that is an error wherever it is read): a store this client
+            # cannot reach or list, or an object removed meanwhile. Rows up to `offset` were
+            # read; the broker goes on from there.
+            _log.warning("reading remote segments of %s bucket %d from %s failed (%s); the broker serves "
+                         "them from offset %s", self.table.name, bucket, log.store.get("url"), exc, offset)
+            self._remote_stats(bucket, figures, store, offset, emit)
+            return _BrokerServes(offset)
         finally:
-            store.close()
+            if store is not None:
+                store.close()
+        self._remote_stats(bucket, figures, store, offset, emit)
+        if end is not None and offset >= end:
+            return None
+        return offset
+
+    @staticmethod
+    def _remote_stats(bucket: int, figures: "remote.RemoteStats", store, offset: Any, emit) -> None:
+        stats = ScanStats(end_offset=offset if isinstance(offset, int) else -1, remote_segments=figures.segments,
+                          remote_batches_read=figures.batches_read, remote_batches_skipped=figures.batches_skipped,
+                          remote_rows_read=figures.rows_read, remote_rows_sent=figures.rows_sent,
+                          remote_bytes_read=store.stats.bytes_read if store is not None else 0)
+        emit(("stats", bucket, stats))
 
     def _stream(self, follow: bool) -> Iterator[tuple]:
         """Events of all buckets read in parallel, each bucket's in its order."""

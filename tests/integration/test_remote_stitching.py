@@ -225,3 +225,36 @@ def test_without_remote_reads_the_broker_serves_everything(tiered):
         ts = table.scan(columns=["_timestamp"], end=10).to_arrow().column("_timestamp")[7].as_py()
         first = table.scan(columns=["_offset"], start=ts, end=local_start).to_arrow().column("_offset")
         assert first[0].as_py() <= 7 and first.to_pylist() == list(range(first[0].as_py(), local_start))
+
+
+def test_a_store_the_client_cannot_reach_leaves_the_remote_part_to_the_broker(tiered):
+    broker, client, name, local_start = tiered
+    if not client.object_store_options:
+        pytest.skip("a local folder store is readable from this machine")
+    from tests.support.broker_process import free_port
+
+    dead = {**client.object_store_options, "endpoint_url": f"http://127.0.0.1:{free_port()}",
+            "max_attempts": "1", "connect_timeout": "1"}
+    with fc.connect(broker.flight_url, object_store_options=dead) as lost:
+        scan = lost.table(name).scan(columns=["_offset", "id"])
+        got = scan.to_arrow()
+    assert got.column("_offset").to_pylist() == list(range(BATCH_ROWS * BATCHES))
+    assert scan.stats.remote_rows_sent == 0 and scan.stats.rows_sent == BATCH_ROWS * BATCHES
+
+
+def test_a_corrupt_remote_segment_is_an_error_not_wrong_rows(tiered):
+    broker, client, name, local_start = tiered
+    if client.object_store_options:
+        pytest.skip("the object is corrupted in the local folder store")
+    objects = sorted((broker.data_dir / "remote" / "log").rglob("*.parquet"))
+    assert objects
+    data = bytearray(objects[0].read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(64)
+    objects[0].write_bytes(bytes(data))
+    with pytest.raises(fc.FluvialError) as err:
+        client.table(name).scan(columns=["_offset", *schema20().names]).to_arrow()
+    assert "remote segment" in str(err.value)
+    # The broker keeps serving the offsets it holds locally.
+    tail = client.table(name).scan(columns=["id"], start=BATCH_ROWS * BATCHES - 10).to_arrow()
+    assert tail.column("id").to_pylist() == list(range(BATCH_ROWS * BATCHES - 10, BATCH_ROWS * BATCHES))
