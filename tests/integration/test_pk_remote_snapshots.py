@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import time
 
+import boto3
 import pytest
 
 from fluvial.client import connect
@@ -103,3 +104,31 @@ def test_without_remote_storage_full_read_from_snapshot_falls_back_to_the_broker
         assert rows_of(read.rows) == model_of([0])
         with pytest.raises(ValueError):
             t.full_read(source="lake")
+
+
+def test_store_down_keeps_local_snapshots_and_uploads_catch_up(fresh_broker, own_moto_s3, topic_name):
+    bucket = own_moto_s3.create_bucket()
+    broker = fresh_broker(*own_moto_s3.broker_args(bucket), "--remote-log-manager-interval-ms", "200")
+    with connect(broker.flight_url, object_store_options=own_moto_s3.options()) as client:
+        t = client.create_table(topic_name, SCHEMA, kafka_format="avro", primary_key=["id"],
+                                configs={"remote.storage.enable": "true"})
+        t.upsert(batch_rows(0))
+        own_moto_s3.kill()
+        t.upsert(batch_rows(1))  # writes go on while the store is down
+        [down] = t.snapshot()
+        assert down["remote"] is None and down["log_offset"] > 0  # the local snapshot stands
+        own_moto_s3.start()
+        own_moto_s3.create_bucket(bucket)  # moto keeps objects in memory: its restart lost them
+        [up] = t.snapshot()
+        assert up["remote"] is not None and up["remote"]["log_offset"] == up["log_offset"] >= down["log_offset"]
+        read = t.full_read(source="snapshot")
+        assert read.sources == {0: "snapshot"} and rows_of(read.rows) == model_of([0, 1])
+        s3 = boto3.client("s3", endpoint_url=own_moto_s3.endpoint_url, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        assert s3.list_objects_v2(Bucket=bucket, Prefix="remote/kv/")["KeyCount"] > 0
+        client.drop_table(topic_name)
+    # A dropped table's remote snapshots go too.
+    deadline = time.monotonic() + 30
+    while s3.list_objects_v2(Bucket=bucket, Prefix="remote/kv/").get("KeyCount", 0):
+        assert time.monotonic() < deadline, "the dropped table's KV snapshots stayed in the store"
+        time.sleep(0.2)
