@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import shutil
 import threading
 import time
@@ -24,12 +23,12 @@ from fluvial.broker.log.segment_format import BatchHeader, SegmentFormatError, e
 from fluvial.broker.log.statistics import ColumnStats, compute_stats, decode_stats
 from fluvial.errors import InvalidRecordError, InvalidRequestError, OffsetOutOfRangeError, StorageError
 
+log = logging.getLogger(__name__)
+
 OFFSET_FIELD = pa.field("_offset", pa.int64())
 TIMESTAMP_COLUMN = "_timestamp"
 LOG_START_CHECKPOINT = "log-start-offset.checkpoint"
 RECOVERY_POINT_CHECKPOINT = "recovery-point.checkpoint"
-
-log = logging.getLogger(__name__)
 LEADER_EPOCH_CHECKPOINT = "leader-epoch.checkpoint"
 # How often a flush also writes the recovery point: after a crash, at most about this much
 # of the newest data is checked (and at least every rolled segment is skipped).

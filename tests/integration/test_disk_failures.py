@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
