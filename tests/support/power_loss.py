@@ -5,8 +5,8 @@ every segment creation, segment fsync (with the size it covered) and directory f
 recorded. After the broker is killed with SIGKILL (the page cache keeps every write),
 `lose_unsynced_writes` rewrites each segment as the disk could hold it after a power loss:
 
-- bytes past the last fsync are lost; optionally some of them survive, page by page, and
-  pages that did not survive read as zeros (a torn tail);
+- bytes past the last fsync are lost; optionally a random part of them survives, with its
+  last few pages each kept or zeroed (a torn tail);
 - a segment created after the last fsync of its directory may vanish altogether;
 - index files (derived data, never fsynced) are cut at a random length;
 - the recovery-point checkpoint (written without fsync) may be gone.
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PAGE = 4096
+TORN_PAGES = 4  # how many pages before the cut may be lost independently
 
 
 @dataclass
@@ -87,11 +88,13 @@ def lose_unsynced_writes(journal: Path, data_dir: Path, rng: random.Random, *, t
         with open(path, "r+b") as f:
             if torn:
                 keep = rng.randint(durable, size)
-                # Unsynced pages survive or not independently; a lost page reads as zeros.
-                first_page = durable // PAGE
+                # Write-back mostly goes in file order: the unsynced data up to `keep` reached
+                # the disk, except that in its last few pages some did and some did not (a
+                # lost page reads as zeros).
+                first_page = max(durable // PAGE, (keep + PAGE - 1) // PAGE - TORN_PAGES)
                 for page in range(first_page, (keep + PAGE - 1) // PAGE):
                     lo, hi = max(page * PAGE, durable), min((page + 1) * PAGE, keep)
-                    if rng.random() < 0.7:
+                    if rng.random() < 0.5:
                         kept_pages += 1
                         continue
                     f.seek(lo)
