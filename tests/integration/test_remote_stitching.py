@@ -258,3 +258,21 @@ def test_a_corrupt_remote_segment_is_an_error_not_wrong_rows(tiered):
     # The broker keeps serving the offsets it holds locally.
     tail = client.table(name).scan(columns=["id"], start=BATCH_ROWS * BATCHES - 10).to_arrow()
     assert tail.column("id").to_pylist() == list(range(BATCH_ROWS * BATCHES - 10, BATCH_ROWS * BATCHES))
+
+
+def test_follow_from_the_start_reads_remote_then_local_then_new_rows(tiered):
+    broker, client, name, local_start = tiered
+    total = BATCH_ROWS * BATCHES
+    table = client.table(name)
+    seen: list[int] = []
+    scan = table.scan(columns=["_offset", "id"], start="earliest")
+    appended = False
+    for batch in scan.follow():
+        seen.extend(batch.column("_offset").to_pylist())
+        if len(seen) >= total and not appended:
+            table.append(rows(BATCHES))  # a new batch while following
+            appended = True
+        if len(seen) >= total + BATCH_ROWS:
+            break
+    assert seen == list(range(total + BATCH_ROWS))
+    assert scan.stats.remote_rows_sent >= local_start  # the tiered part came from the store
