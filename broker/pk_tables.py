@@ -53,7 +53,6 @@ SNAPSHOT_INTERVAL_S = float(os.environ.get("FLUVIAL_KV_SNAPSHOT_INTERVAL_S", "60
 SNAPSHOT_RETAIN = int(os.environ.get("FLUVIAL_KV_SNAPSHOT_RETAIN", "3"))
 # Snapshots kept in the object store per bucket (tables with remote storage on).
 REMOTE_SNAPSHOT_RETAIN = int(os.environ.get("FLUVIAL_KV_REMOTE_SNAPSHOT_RETAIN", "2"))
-REMOTE_STORAGE_ENABLE = "remote.storage.enable"
 # Writes smaller than this many rows merge on the event loop: a thread hop costs more.
 INLINE_ROWS = 256
 _REPLAY_CHUNK_BYTES = 16 << 20

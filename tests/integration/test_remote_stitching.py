@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 import fluvial.client as fc
-from fluvial.client.errors import OffsetOutOfRangeError
+from tests.support.broker_process import BrokerProcess
 
 N_COLUMNS = 20
 BATCH_ROWS = 500
@@ -88,19 +88,36 @@ def kafka_read(bootstrap: str, topic: str, start: int, end: int) -> list[tuple[i
     return out
 
 
-@pytest.fixture(params=["local", "s3"])
-def tiered(request, fresh_broker, topic_name):
+def start_tiered(kind: str, data_dir, moto, name: str):
     """A broker whose table has tiered its first segments: (broker, client, table name, local start)."""
-    moto = request.getfixturevalue("moto_s3") if request.param == "s3" else None
-    broker = fresh_broker(*tiering_args(request.param, moto))
-    client_options = moto.options() if moto else None
-    client = fc.connect(broker.flight_url, object_store_options=client_options)
-    table = client.create_table(topic_name, schema20(), configs=table_configs())
+    broker = BrokerProcess(data_dir, *tiering_args(kind, moto)).start()
+    client = fc.connect(broker.flight_url, object_store_options=moto.options() if moto else None)
+    table = client.create_table(name, schema20(), configs=table_configs())
     for b in range(BATCHES):
         table.append(rows(b))
-    log = wait_tiered(client, topic_name, BATCH_ROWS * BATCHES // 2)
-    yield broker, client, topic_name, log["local_start_offset"]
+    log = wait_tiered(client, name, BATCH_ROWS * BATCHES // 2)
+    return broker, client, name, log["local_start_offset"]
+
+
+@pytest.fixture(scope="module", params=["local", "s3"])
+def tiered(request, tmp_path_factory):
+    """One tiered table per store for the tests that only read it."""
+    moto = request.getfixturevalue("moto_s3") if request.param == "s3" else None
+    broker, client, name, local_start = start_tiered(request.param, tmp_path_factory.mktemp("tiered") / "data",
+                                                     moto, f"t-{uuid.uuid4().hex[:10]}")
+    yield broker, client, name, local_start
     client.close()
+    broker.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def own_tiered(request, tmp_path, topic_name):
+    """A tiered table of this test's own (the test changes or damages it)."""
+    moto = request.getfixturevalue("moto_s3") if request.param == "s3" else None
+    broker, client, name, local_start = start_tiered(request.param, tmp_path / "data", moto, topic_name)
+    yield broker, client, name, local_start
+    client.close()
+    broker.stop()
 
 
 def test_scan_across_the_remote_local_boundary_equals_the_kafka_read(tiered):
@@ -242,8 +259,8 @@ def test_a_store_the_client_cannot_reach_leaves_the_remote_part_to_the_broker(ti
     assert scan.stats.remote_rows_sent == 0 and scan.stats.rows_sent == BATCH_ROWS * BATCHES
 
 
-def test_a_corrupt_remote_segment_is_an_error_not_wrong_rows(tiered):
-    broker, client, name, local_start = tiered
+def test_a_corrupt_remote_segment_is_an_error_not_wrong_rows(own_tiered):
+    broker, client, name, local_start = own_tiered
     if client.object_store_options:
         pytest.skip("the object is corrupted in the local folder store")
     objects = sorted((broker.data_dir / "remote" / "log").rglob("*.parquet"))
@@ -260,8 +277,8 @@ def test_a_corrupt_remote_segment_is_an_error_not_wrong_rows(tiered):
     assert tail.column("id").to_pylist() == list(range(BATCH_ROWS * BATCHES - 10, BATCH_ROWS * BATCHES))
 
 
-def test_follow_from_the_start_reads_remote_then_local_then_new_rows(tiered):
-    broker, client, name, local_start = tiered
+def test_follow_from_the_start_reads_remote_then_local_then_new_rows(own_tiered):
+    broker, client, name, local_start = own_tiered
     total = BATCH_ROWS * BATCHES
     table = client.table(name)
     seen: list[int] = []
