@@ -1,0 +1,82 @@
+"""The bucket's group commit under flush policy `ack`: every append is made durable
+promptly without anyone waiting, appends arriving during a flush share the next one, and
+readers are woken when the durable offset moves."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from fluvial.broker.log import FlushPolicy
+from fluvial.broker.tables import Bucket, Table
+from fluvial.errors import StorageError
+from tests.unit.test_log_support import meta, open_tablet, records
+
+
+def make_bucket(tmp_path, executor) -> Bucket:
+    table = Table("t", uuid.uuid4(), {}, 0)
+    bucket = Bucket(table, 0, open_tablet(tmp_path / "t-0", flush_policy=FlushPolicy.ACK), executor)
+    table.buckets.append(bucket)
+    return bucket
+
+
+def test_appends_nobody_waits_for_become_visible_in_few_shared_fsyncs(tmp_path):
+    executor = ThreadPoolExecutor(1)
+
+    async def scenario():
+        bucket = make_bucket(tmp_path, executor)
+        tablet = bucket.tablet
+        flushes = []
+        original = tablet.flush_up_to
+
+        def counting_flush(offset):
+            flushes.append(offset)
+            original(offset)
+
+        tablet.flush_up_to = counting_flush
+        arrived = bucket.data_arrived()
+        for i in range(200):  # acks=0/1 appends: nobody awaits their durability
+            bucket.append(records(5, tag=i), meta())
+        assert tablet.high_watermark < tablet.log_end_offset == 1000  # not visible before the fsync
+        await asyncio.wait_for(arrived.wait(), 10)  # readers are woken by the flush
+        while tablet.high_watermark < 1000:
+            await asyncio.wait_for(bucket.data_arrived().wait(), 10)
+        return flushes
+
+    try:
+        flushes = asyncio.run(scenario())
+    finally:
+        executor.shutdown()
+    # The first append started a flush; the 199 that came while it ran shared the next one.
+    assert 1 <= len(flushes) <= 3, flushes
+
+
+def test_a_failed_fsync_fails_every_waiter_and_later_appends(tmp_path, monkeypatch):
+    executor = ThreadPoolExecutor(1)
+
+    async def scenario():
+        bucket = make_bucket(tmp_path, executor)
+        bucket.append(records(3), meta())
+        segment = bucket.tablet._view.segments[-1]
+
+        def failing_flush():
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(segment, "flush", failing_flush)
+        with pytest.raises(StorageError, match="offline"):
+            await bucket.group_commit.wait_durable(3)
+        assert bucket.tablet.high_watermark == 0  # nothing of the failed flush became visible
+        monkeypatch.undo()  # the disk "works" again: the bucket stays offline (fsyncgate)
+        with pytest.raises(StorageError, match="offline"):
+            bucket.append(records(1), meta())
+        with pytest.raises(StorageError, match="offline"):
+            await bucket.group_commit.wait_durable(3)
+        with pytest.raises(StorageError, match="offline"):
+            bucket.tablet.read(0, 1 << 20)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        executor.shutdown()
