@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from fluvial.broker import kafka_batches
 from fluvial.broker.broker import on_start, on_stop
-from fluvial.broker.log import BatchMeta, StoredBatch
+from fluvial.broker.log import BatchMeta, FlushPolicy, StoredBatch
 from fluvial.broker.tables import Bucket, Table
 from fluvial.errors import InvalidConfigError, InvalidRecordError, InvalidRequestError, InvalidTableError, StorageError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec, SnapshotInfo, SnapshotStore
@@ -1057,8 +1057,14 @@ async def full_read(bucket: Bucket) -> tuple[pa.Table, int]:
     from that offset on continues exactly where the rows end."""
     pk = _state(bucket.table)
     kv = pk.buckets[bucket.index]
+    bucket.tablet.check_online()
     async with kv.lock:
         view, offset = kv.tablet.snapshot()
+    if bucket.tablet.config.flush_policy is FlushPolicy.ACK:
+        # RocksDB is applied a moment before the changelog's fsync returns: the rows are
+        # given once the changelog they cover is durable, so the offset is within the high
+        # watermark and reading the changelog on from it never runs ahead of its readers.
+        await bucket.group_commit.wait_durable(offset)
 
     def read() -> pa.Table:
         batches = list(kv.tablet.scan(view=view))
