@@ -258,12 +258,12 @@ class LocalObjectStore(ObjectStore):
     def open_input(self, key: str, size: int | None = None) -> pa.NativeFile:
         path = self._path(key)
         try:
-            return _CountingFile(self, pa.OSFile(str(path), "r"))
+            return _counting_file(self, pa.OSFile(str(path), "r"))
         except FileNotFoundError:
             raise ObjectNotFound(f"object {key} not found in {self.url}") from None
 
 
-def _CountingFile(store: ObjectStore, file: pa.NativeFile) -> pa.NativeFile:
+def _counting_file(store: ObjectStore, file: pa.NativeFile) -> pa.NativeFile:
     """A local file whose reads count in the store's statistics, like ranged gets do."""
 
     class _Reader(io.RawIOBase):
