@@ -22,6 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fluvial.client import lake_files
+from fluvial.client.lake_files import DataFile, NotPlain
 from fluvial.client.predicates import Filter, filter_mask, parse_filter
 from fluvial.client.wire import ScanStats
 from fluvial.errors import InvalidRequestError, UnknownColumnError
@@ -65,12 +67,13 @@ class LakeInfo:
     offsets: dict[int, int]
     state: str = ""
     freshness_ms: int = 0
+    metadata_location: str | None = None   # the metadata file holding `snapshot_id`
 
     @classmethod
     def from_json(cls, body: dict) -> "LakeInfo":
         return cls(body.get("format", "iceberg"), dict(body.get("catalog") or {}), tuple(body["identifier"]),
                    body.get("snapshot_id"), {int(k): int(v) for k, v in (body.get("offsets") or {}).items()},
-                   body.get("state", ""), int(body.get("freshness_ms") or 0))
+                   body.get("state", ""), int(body.get("freshness_ms") or 0), body.get("metadata_location"))
 
 
 def is_lake_enabled(configs: dict[str, str]) -> bool:
@@ -118,9 +121,11 @@ def load_catalog(properties: dict[str, str]) -> Any:
 class PinnedLake:
     """One lake snapshot and the offsets it covers, taken from that snapshot's own summary."""
 
-    table: Any                 # pyiceberg Table
+    table: Any                 # pyiceberg Table (None when read from its files alone)
     snapshot_id: int | None    # None: nothing tiered yet
     offsets: dict[int, int]    # bucket -> end offset (exclusive) the snapshot covers
+    columns: frozenset[str] = frozenset()       # the lake table's columns
+    files: tuple[DataFile, ...] | None = None   # the snapshot's data files, when read without pyiceberg
 
     def end(self, bucket: int) -> int:
         return self.offsets.get(bucket, 0)
@@ -128,21 +133,40 @@ class PinnedLake:
 
 def pin(info: LakeInfo, extra_catalog: dict[str, str] | None = None) -> PinnedLake:
     """The snapshot a read uses: the one the broker reported (or the table's current one
-    when the broker has none yet), with the offsets recorded in it."""
+    when the broker has none yet), with the offsets recorded in it. A snapshot of a local
+    warehouse without delete files is read from its files directly (no pyiceberg)."""
     if info.format != "iceberg":
         raise LakeReadError(f"lake format {info.format!r} cannot be read by this client")
+    if info.metadata_location and info.snapshot_id is not None:
+        try:
+            return _pin_files(info.metadata_location, info.snapshot_id)
+        except NotPlain:
+            pass
     catalog = load_catalog({**info.catalog, **(extra_catalog or {})})
     iceberg = catalog.load_table(tuple(info.identifier))
     snapshot = iceberg.snapshot_by_id(info.snapshot_id) if info.snapshot_id is not None else iceberg.current_snapshot()
+    columns = frozenset(f.name for f in iceberg.schema().fields)
     if snapshot is None:
-        return PinnedLake(iceberg, None, {})
-    return PinnedLake(iceberg, snapshot.snapshot_id, snapshot_offsets(snapshot))
-
-
-def snapshot_offsets(snapshot: Any) -> dict[int, int]:
+        return PinnedLake(iceberg, None, {}, columns)
     raw = snapshot.summary.additional_properties.get(OFFSETS_SUMMARY) if snapshot.summary else None
+    return PinnedLake(iceberg, snapshot.snapshot_id, _offsets_of(raw, snapshot.snapshot_id), columns)
+
+
+def _pin_files(metadata_location: str, snapshot_id: int) -> PinnedLake:
+    meta = json.loads(lake_files.read_bytes(metadata_location))
+    snapshot = next((s for s in meta.get("snapshots", []) if s["snapshot-id"] == snapshot_id), None)
+    if snapshot is None:
+        raise NotPlain(f"snapshot {snapshot_id} is not in {metadata_location}")
+    # The current schema reads every snapshot (columns only get added).
+    schema = next(s for s in meta["schemas"] if s.get("schema-id") == meta.get("current-schema-id"))
+    offsets = _offsets_of((snapshot.get("summary") or {}).get(OFFSETS_SUMMARY), snapshot_id)
+    files = lake_files.snapshot_files(metadata_location, snapshot_id)
+    return PinnedLake(None, snapshot_id, offsets, frozenset(f["name"] for f in schema["fields"]), tuple(files))
+
+
+def _offsets_of(raw: str | None, snapshot_id: int) -> dict[int, int]:
     if raw is None:
-        raise LakeReadError(f"lake snapshot {snapshot.snapshot_id} has no {OFFSETS_SUMMARY!r} in its summary, "
+        raise LakeReadError(f"lake snapshot {snapshot_id} has no {OFFSETS_SUMMARY!r} in its summary, "
                             f"so what it covers is unknown; read with source='log'")
     return {int(k): int(v) for k, v in json.loads(raw).items()}
 
@@ -201,15 +225,35 @@ def _iceberg_value(value: Any) -> Any:
 
 def read_lake(lake: PinnedLake, columns: list[str], filters: list[list[Any]]) -> pa.Table:
     """The pinned snapshot's rows: only `columns` are read (columns the lake does not have are
-    left out; the caller fills them), filters pushed into the scan."""
-    schema = lake.table.schema()
-    present = [c for c in columns if c in {f.name for f in schema.fields}]
+    left out; the caller fills them), filters pushed into the scan (pruning only: callers
+    apply them exactly)."""
+    present = [c for c in columns if c in lake.columns]
     if lake.snapshot_id is None or not present:
         return pa.table({})
-    row_filter = iceberg_filter(filters, {f.name for f in schema.fields})
+    if lake.files is not None:
+        return lake_files.read_files(lake.files, present, loose_filters(filters))
+    row_filter = iceberg_filter(filters, set(lake.columns))
     # The current schema reads the pinned snapshot's files: columns added since are null.
     scan = lake.table.scan(row_filter=row_filter, selected_fields=tuple(present), snapshot_id=lake.snapshot_id)
     return scan.to_arrow()
+
+
+def loose_filters(filters: list[list[Any]]) -> list[Filter]:
+    """Filters with values typed by Arrow's inference (each reader casts them to its column
+    type); used for pruning only."""
+    out = []
+    for column, op, value in filters:
+        try:
+            if op in ("is_null", "not_null"):
+                v = None
+            elif op in ("in", "not in"):
+                v = pa.array(list(value))
+            else:
+                v = pa.scalar(value)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+            continue
+        out.append(Filter(column, op, v))
+    return out
 
 
 # -- Arrow helpers ---------------------------------------------------------------------------
@@ -407,8 +451,7 @@ class UnionScan:
     def _check_lake_has(self, plan: UnionPlan, names: list[str]) -> None:
         if plan.lake.snapshot_id is None:
             return
-        lake_cols = {f.name for f in plan.lake.table.schema().fields}
-        missing = [n for n in names if n.startswith("_") and n not in lake_cols and n != "_change"]
+        missing = [n for n in names if n.startswith("_") and n not in plan.lake.columns and n != "_change"]
         if missing:
             raise LakeReadError(f"the lake table of {self.table.name!r} does not keep {missing}; "
                                 f"read them with source='log'")

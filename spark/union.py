@@ -18,6 +18,7 @@ from pyspark.sql.datasource import InputPartition
 
 import fluvial.client as fc
 from fluvial.client import union
+from fluvial.client.lake_files import read_files
 from fluvial.client.predicates import parse_filter
 from fluvial.spark.types import conform as spark_conform
 
@@ -29,8 +30,9 @@ class LakeFiles(InputPartition):
     """One task's lake data files (pickled pyiceberg FileScanTasks of the pinned snapshot)."""
 
     index: int
-    tasks: bytes
+    tasks: bytes                        # pickled FileScanTasks (pyiceberg path), or b""
     changed_keys: bytes | None = None   # PK tables: keys changed after the snapshot (Arrow IPC)
+    paths: tuple[str, ...] = ()         # data files read without pyiceberg (plain snapshot)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class LakeRead:
     bounds: dict[int, tuple[int, int]]  # log tables: bucket -> [start, end) offsets asked for
     primary_key: tuple[str, ...]
     user_fields: bytes                  # the table's user schema (Arrow IPC)
+    lake_cols: frozenset[str] = frozenset()
+    files: tuple[str, ...] | None = None  # the snapshot's data files when read without pyiceberg
 
     # -- planning (driver) -------------------------------------------------------------------
 
@@ -66,9 +70,10 @@ class LakeRead:
             raise union.LakeReadError(f"table {info.name!r} is not lake-enabled (set fluvial.lake.enable=true); "
                                       f"read it with option('source', 'log')")
         pinned = union.pin(lake, catalog_options)
+        files = tuple(f.path for f in pinned.files) if pinned.files is not None else None
         return cls(url, info.name, {**lake.catalog, **catalog_options}, tuple(lake.identifier), pinned.snapshot_id,
                    dict(pinned.offsets), {}, tuple(info.primary_key or ()),
-                   pa.schema(list(info.schema)).serialize().to_pybytes())
+                   pa.schema(list(info.schema)).serialize().to_pybytes(), pinned.columns, files)
 
     def users(self) -> pa.Schema:
         return pa.ipc.read_schema(pa.py_buffer(self.user_fields))
@@ -84,6 +89,8 @@ class LakeRead:
                         changed_keys: bytes | None = None) -> list[LakeFiles]:
         if self.snapshot_id is None:
             return []
+        if self.files is not None:  # one task per data file, read without pyiceberg
+            return [LakeFiles(i, b"", changed_keys, (path,)) for i, path in enumerate(self.files)]
         iceberg = self._iceberg()
         lake_cols = {f.name for f in iceberg.schema().fields}
         cols = [c for c in self.lake_columns(names, filters) if c in lake_cols]
@@ -114,16 +121,20 @@ class LakeRead:
 
     def read_files(self, part: LakeFiles, names: Sequence[str], filters: Sequence[Sequence[Any]],
                    target: pa.Schema) -> Iterator[pa.RecordBatch]:
-        from pyiceberg.io.pyarrow import ArrowScan
-
-        iceberg = self._iceberg()
-        lake_cols = {f.name for f in iceberg.schema().fields}
         want = self.lake_columns(names, filters)
-        present = [c for c in want if c in lake_cols]
-        scan = iceberg.scan(row_filter=union.iceberg_filter([list(f) for f in filters], lake_cols),
-                            selected_fields=tuple(present), snapshot_id=self.snapshot_id)
-        rows = ArrowScan(iceberg.metadata, iceberg.io, scan.projection(), scan.row_filter, True).to_table(
-            pickle.loads(part.tasks))
+        if part.paths:
+            present = [c for c in want if c in self.lake_cols]
+            rows = read_files(part.paths, present, union.loose_filters([list(f) for f in filters]))
+        else:
+            from pyiceberg.io.pyarrow import ArrowScan
+
+            iceberg = self._iceberg()
+            lake_cols = {f.name for f in iceberg.schema().fields}
+            present = [c for c in want if c in lake_cols]
+            scan = iceberg.scan(row_filter=union.iceberg_filter([list(f) for f in filters], lake_cols),
+                                selected_fields=tuple(present), snapshot_id=self.snapshot_id)
+            rows = ArrowScan(iceberg.metadata, iceberg.io, scan.projection(), scan.row_filter, True).to_table(
+                pickle.loads(part.tasks))
         rows = union.conform(rows, self._fields(want))
         if "_change" in names:  # lake rows of a log table are appends
             rows = rows.set_column(rows.column_names.index("_change"), "_change",

@@ -25,8 +25,8 @@ def client(broker):
         yield c
 
 
-@pytest.fixture
-def lake(tmp_path, monkeypatch):
+@pytest.fixture(params=["files", "pyiceberg"])
+def lake(request, tmp_path, monkeypatch):
     """A lake in an exact state: a SQL catalog in a temporary folder, written by the test
     (tests/support/lake.py), which the `lake-info` answers point at. Tables tiered by the
     real tiering code are in test_union_read_tiered.py."""
@@ -35,10 +35,13 @@ def lake(tmp_path, monkeypatch):
 
     def info(table):
         ice = tables.get(table.name)
-        return union.LakeInfo.from_json(lake_info_for(ice, props)) if ice is not None else None
+        if ice is None:
+            return None
+        # "files": the snapshot read from its metadata and data files; "pyiceberg": through the catalog
+        return union.LakeInfo.from_json(lake_info_for(ice, props, with_location=request.param == "files"))
 
     monkeypatch.setattr(union, "lake_info", info)
-    return catalog, tables
+    return catalog, tables, request.param
 
 
 def batch(lo: int, hi: int) -> pa.Table:
@@ -78,7 +81,7 @@ def make_log_table(client, name: str, buckets: int = 3):
 
 
 def test_union_equals_kafka_read_also_after_retention(broker, client, lake, topic_name):
-    catalog, tables = lake
+    catalog, tables, mode = lake
     t = make_log_table(client, topic_name)
     ends = {o.bucket: o.high_watermark for o in t.offsets()}
     # Two tiering rounds (the second's files out of offset order), then a live tail.
@@ -97,6 +100,7 @@ def test_union_equals_kafka_read_also_after_retention(broker, client, lake, topi
     want = [{**r, "day": dt.date.fromisoformat(r["day"]) if isinstance(r["day"], str) else r["day"]} for r in expected]
     assert got.to_pylist() == sorted(want, key=lambda r: (r["_bucket"], r["_offset"]))  # each row once, in order
     assert scan.plan.log_start == {b: 2 * e // 3 for b, e in ends.items()}
+    assert (scan.plan.lake.files is not None) == (mode == "files")
 
     # Retention removes what is tiered and more of the log: the union still has every row.
     from confluent_kafka import TopicPartition
@@ -119,7 +123,7 @@ def test_union_equals_kafka_read_also_after_retention(broker, client, lake, topi
 
 
 def test_projection_filters_lake_only_and_buckets(client, lake, topic_name):
-    catalog, tables = lake
+    catalog, tables, mode = lake
     t = make_log_table(client, topic_name)
     ends = {o.bucket: o.high_watermark for o in t.offsets()}
     tables[t.name] = tier_log_rows(catalog, t, {b: e // 2 for b, e in ends.items()})
@@ -170,7 +174,7 @@ def _holds(x, op, v) -> bool:
 
 
 def test_pinned_snapshot_and_nothing_tiered_yet(client, lake, topic_name):
-    catalog, tables = lake
+    catalog, tables, mode = lake
     t = make_log_table(client, topic_name, buckets=2)
     with pytest.raises(union.LakeReadError, match="not lake-enabled"):
         t.scan(columns=["id"], source="union").to_arrow()  # the broker reports no lake: said clearly
@@ -191,7 +195,7 @@ def test_pinned_snapshot_and_nothing_tiered_yet(client, lake, topic_name):
 
 
 def test_refusals(client, lake, topic_name):
-    catalog, tables = lake
+    catalog, tables, mode = lake
     t = make_log_table(client, topic_name, buckets=1)
     tables[t.name] = tier_log_rows(catalog, t, {0: 100})
     with pytest.raises(ValueError, match="source"):
@@ -213,7 +217,7 @@ PK_SCHEMA = pa.schema([pa.field("user", pa.string(), False), pa.field("item", pa
 
 
 def test_pk_union_equals_lookups(client, lake, topic_name):
-    catalog, tables = lake
+    catalog, tables, mode = lake
     t = client.create_table(topic_name, PK_SCHEMA, buckets=3, primary_key=["user", "item"],
                             configs=LAKE_CONFIGS)
     users = [f"u{i}" for i in range(40)]

@@ -90,6 +90,7 @@ def test_union_of_tiered_log_table_equals_kafka_read(lake_broker):
         assert isinstance(scan, union.UnionScan) and t.lake_enabled
         assert scan.to_arrow().to_pylist() == expected
         assert sum(scan.plan.log_start.values()) == 3000   # the lake served the first 3000
+        assert len(scan.plan.lake.files) >= 1              # read from its files, without pyiceberg
 
         f = [("amount", ">=", 100.0), ("city", "!=", "Lima")]
         got = t.scan(columns=["id"], filter=f).to_arrow()

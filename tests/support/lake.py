@@ -84,12 +84,14 @@ def _offsets(iceberg) -> dict[int, int]:
     return {int(k): v for k, v in json.loads(snap.summary.additional_properties["fluvial.offsets"]).items()}
 
 
-def lake_info_for(iceberg, props: dict) -> dict:
-    """The `lake-info` answer the broker gives for this lake table."""
+def lake_info_for(iceberg, props: dict, with_location: bool = True) -> dict:
+    """The `lake-info` answer the broker gives for this lake table (without the metadata
+    location, readers go through the catalog and pyiceberg)."""
     snap = iceberg.current_snapshot()
     return {"format": "iceberg", "catalog": props, "identifier": list(iceberg.name()),
             "snapshot_id": snap.snapshot_id if snap else None,
-            "offsets": _offsets(iceberg), "state": "tiered", "freshness_ms": 30000}
+            "offsets": _offsets(iceberg), "state": "tiered", "freshness_ms": 30000,
+            "metadata_location": iceberg.metadata_location if with_location else None}
 
 
 def sort_rows(t: pa.Table, keys: list[str]) -> list[dict]:

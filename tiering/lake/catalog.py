@@ -153,8 +153,11 @@ def offsets_json(offsets: dict[int, int]) -> str:
 
 
 def lake_info(properties: dict[str, str], name: str, table: Any, state: str, freshness_ms: int) -> dict:
-    """The `lake-info` answer for a lake-enabled table (`table`: the loaded lake table or None)."""
+    """The `lake-info` answer for a lake-enabled table (`table`: the loaded lake table or None).
+    `metadata_location` (the metadata file holding that snapshot) lets readers find the
+    snapshot's files without a catalog round trip or pyiceberg (client/lake_files.py)."""
     snapshot_id, offsets, _ = lake_state(table)
     return {"format": "iceberg", "catalog": public_properties(properties), "identifier": list(identifier(name)),
             "snapshot_id": snapshot_id, "offsets": {str(b): o for b, o in sorted(offsets.items())},
-            "state": state, "freshness_ms": freshness_ms}
+            "state": state, "freshness_ms": freshness_ms,
+            "metadata_location": table.metadata_location if table is not None else None}
