@@ -11,7 +11,7 @@ columns, the same through Spark's Kafka source decoding every value with from_av
 (for reference) the log-only native read. The client's own union read (no Spark) is timed
 too. Wall-clock medians of --runs runs after one warm-up; results must agree.
 
-    python -m benchmarks.bench_union_read [--rows 1000000] [--tail 50000] [--buckets 2] [--runs 3]
+    python -m benchmarks.bench_union_read [--rows 1000000] [--tail 50000] [--buckets 2] [--runs 3] [--out FILE]
 """
 from __future__ import annotations
 
@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS), help="where the figures are saved")
     args = ap.parse_args()
 
     from pyspark.sql import SparkSession
@@ -177,8 +178,8 @@ def main() -> None:
     }
     print(json.dumps(out["ratios"], indent=1))
     if not args.no_save:
-        RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-        print(f"saved {RESULTS}")
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"saved {args.out}")
 
 
 if __name__ == "__main__":
