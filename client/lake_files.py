@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -131,6 +131,26 @@ def read_files(files: Sequence[DataFile | str], columns: Sequence[str], filters:
     if not parts:
         return pa.table({})
     return pa.concat_tables(parts, promote_options="permissive")
+
+
+def iter_files(files: Sequence[DataFile | str], columns: Sequence[str], filters: Sequence[Any] = (),
+               batch_size: int = 64 * 1024) -> Iterator[pa.RecordBatch]:
+    """The files' rows as batches of at most `batch_size` rows, read as they are consumed
+    (the same columns and pruning as `read_files`)."""
+    for f in files:
+        path = f.path if isinstance(f, DataFile) else f
+        fs, local = _open(path)
+        pf = pq.ParquetFile(local, filesystem=fs)
+        have = set(pf.schema_arrow.names)
+        present = [c for c in columns if c in have]
+        expr = _typed_filter(filters, pf.schema_arrow, have)
+        if expr is None:
+            yield from pf.iter_batches(batch_size=batch_size, columns=present)
+        else:
+            import pyarrow.dataset as ds
+
+            yield from ds.dataset(local, filesystem=fs, format="parquet").to_batches(
+                columns=present, filter=expr, batch_size=batch_size)
 
 
 def _typed_filter(filters: Sequence[Any], schema: pa.Schema, have: set[str]) -> pc.Expression | None:

@@ -18,11 +18,14 @@ from pyspark.sql.datasource import InputPartition
 
 import fluvial.client as fc
 from fluvial.client import union
-from fluvial.client.lake_files import read_files
+from fluvial.client.lake_files import iter_files
 from fluvial.client.predicates import parse_filter
 from fluvial.spark.types import conform as spark_conform
 
 SOURCES = union.SOURCES
+# Rows per batch handed to Spark from lake files: the log side's size (broker scans send
+# up to 64 Ki rows a message).
+SPARK_BATCH_ROWS = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -121,34 +124,47 @@ class LakeRead:
 
     def read_files(self, part: LakeFiles, names: Sequence[str], filters: Sequence[Sequence[Any]],
                    target: pa.Schema) -> Iterator[pa.RecordBatch]:
+        """The task's lake rows, streamed in batches of about SPARK_BATCH_ROWS (a whole data
+        file handed to Spark as one batch costs the JVM several times the read)."""
         want = self.lake_columns(names, filters)
+        fields = self._fields(want)
+        parsed = self._parsed(filters, want)
+        keys = None
+        if self.primary_key and part.changed_keys:
+            keys = pa.ipc.open_stream(part.changed_keys).read_all()
+            keys = keys if keys.num_rows else None
+        for chunk in self._chunks(part, want, filters):
+            rows = union.conform(pa.Table.from_batches([chunk]), fields)
+            if "_change" in names:  # lake rows of a log table are appends
+                rows = rows.set_column(rows.column_names.index("_change"), "_change",
+                                       pa.nulls(rows.num_rows, pa.int8()).fill_null(0))
+            if self.primary_key:
+                if keys is not None and rows.num_rows:
+                    rows = rows.join(keys, keys=list(self.primary_key), join_type="left anti").select(want)
+            else:
+                rows = self._within_bounds(rows)
+            rows = union.apply_filters(rows, parsed)
+            for batch in rows.to_batches():
+                if batch.num_rows:
+                    yield spark_conform(batch, target)
+
+    def _chunks(self, part: LakeFiles, want: list[str], filters: Sequence[Sequence[Any]]) -> Iterator[pa.RecordBatch]:
         if part.paths:
             present = [c for c in want if c in self.lake_cols]
-            rows = read_files(part.paths, present, union.loose_filters([list(f) for f in filters]))
-        else:
-            from pyiceberg.io.pyarrow import ArrowScan
+            yield from iter_files(part.paths, present, union.loose_filters([list(f) for f in filters]),
+                                  SPARK_BATCH_ROWS)
+            return
+        from pyiceberg.io.pyarrow import ArrowScan
 
-            iceberg = self._iceberg()
-            lake_cols = {f.name for f in iceberg.schema().fields}
-            present = [c for c in want if c in lake_cols]
-            scan = iceberg.scan(row_filter=union.iceberg_filter([list(f) for f in filters], lake_cols),
-                                selected_fields=tuple(present), snapshot_id=self.snapshot_id)
-            rows = ArrowScan(iceberg.metadata, iceberg.io, scan.projection(), scan.row_filter, True).to_table(
-                pickle.loads(part.tasks))
-        rows = union.conform(rows, self._fields(want))
-        if "_change" in names:  # lake rows of a log table are appends
-            rows = rows.set_column(rows.column_names.index("_change"), "_change",
-                                   pa.nulls(rows.num_rows, pa.int8()).fill_null(0))
-        if self.primary_key:
-            if part.changed_keys and rows.num_rows:
-                keys = pa.ipc.open_stream(part.changed_keys).read_all()
-                if keys.num_rows:
-                    rows = rows.join(keys, keys=list(self.primary_key), join_type="left anti").select(want)
-        else:
-            rows = self._within_bounds(rows)
-        rows = union.apply_filters(rows, self._parsed(filters, want))
-        for batch in rows.to_batches():
-            yield spark_conform(batch, target)
+        iceberg = self._iceberg()
+        lake_cols = {f.name for f in iceberg.schema().fields}
+        present = [c for c in want if c in lake_cols]
+        scan = iceberg.scan(row_filter=union.iceberg_filter([list(f) for f in filters], lake_cols),
+                            selected_fields=tuple(present), snapshot_id=self.snapshot_id)
+        for batch in ArrowScan(iceberg.metadata, iceberg.io, scan.projection(), scan.row_filter, True) \
+                .to_record_batches(pickle.loads(part.tasks)):
+            for lo in range(0, batch.num_rows, SPARK_BATCH_ROWS):
+                yield batch.slice(lo, SPARK_BATCH_ROWS)
 
     def _within_bounds(self, rows: pa.Table) -> pa.Table:
         """Lake rows of the offsets asked for (startingOffsets/endingOffsets), never past the
