@@ -403,9 +403,12 @@ class FluvialReader(DataSourceReader):
                 end = min(_resolve(self.opts.ending, b, "latest"), b.high_watermark)
                 parts += split_ranges(b.bucket, max(start, tiered, b.log_start), end,
                                       self.opts.max_records_per_partition)
-        return parts or [BucketRange(0, 0, 0)]
+        # As many tasks as buckets at least (what a log read of the table gets).
+        return spark_union.pack(parts, self.opts.max_records_per_partition, len(offsets)) or [BucketRange(0, 0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, spark_union.Pieces):
+            return (batch for piece in partition.pieces for batch in self.read(piece))
         if isinstance(partition, (spark_union.LakeFiles, spark_union.ChangelogRange)):
             return self._read_lake_side(partition)
         if partition.end <= partition.start:

@@ -36,6 +36,35 @@ class LakeFiles(InputPartition):
     tasks: bytes                        # pickled FileScanTasks (pyiceberg path), or b""
     changed_keys: bytes | None = None   # PK tables: keys changed after the snapshot (Arrow IPC)
     paths: tuple[str, ...] = ()         # data files read without pyiceberg (plain snapshot)
+    rows: int = 0                       # records in the files (for packing tasks)
+
+
+@dataclass(frozen=True)
+class Pieces(InputPartition):
+    """Several pieces (lake files, log ranges) read by one task, one after the other."""
+
+    pieces: tuple
+
+
+def pack(parts: list[InputPartition], max_rows: int, at_least: int = 1) -> list[InputPartition]:
+    """Lake files and log ranges packed into max(at_least, total/max_rows) tasks of similar
+    size (largest first onto the lightest task). A union read would otherwise start one task
+    per data file plus one per log range: many small tasks, each a Python worker round
+    trip."""
+    def size(p: Any) -> int:
+        return p.rows if isinstance(p, LakeFiles) else max(0, p.end - p.start)
+
+    total = sum(size(p) for p in parts)
+    n = max(1, at_least, -(-total // max_rows))
+    if n >= len(parts):
+        return parts
+    tasks: list[list] = [[] for _ in range(n)]
+    loads = [0] * n
+    for p in sorted(parts, key=size, reverse=True):
+        i = loads.index(min(loads))
+        tasks[i].append(p)
+        loads[i] += size(p)
+    return [Pieces(tuple(t)) if len(t) > 1 else t[0] for t in tasks if t]
 
 
 @dataclass(frozen=True)
@@ -61,7 +90,7 @@ class LakeRead:
     primary_key: tuple[str, ...]
     user_fields: bytes                  # the table's user schema (Arrow IPC)
     lake_cols: frozenset[str] = frozenset()
-    files: tuple[str, ...] | None = None  # the snapshot's data files when read without pyiceberg
+    files: tuple[tuple[str, int], ...] | None = None  # (path, rows) of the snapshot's files, read without pyiceberg
 
     # -- planning (driver) -------------------------------------------------------------------
 
@@ -73,7 +102,7 @@ class LakeRead:
             raise union.LakeReadError(f"table {info.name!r} is not lake-enabled (set fluvial.lake.enable=true); "
                                       f"read it with option('source', 'log')")
         pinned = union.pin(lake, catalog_options)
-        files = tuple(f.path for f in pinned.files) if pinned.files is not None else None
+        files = tuple((f.path, f.record_count) for f in pinned.files) if pinned.files is not None else None
         return cls(url, info.name, {**lake.catalog, **catalog_options}, tuple(lake.identifier), pinned.snapshot_id,
                    dict(pinned.offsets), {}, tuple(info.primary_key or ()),
                    pa.schema(list(info.schema)).serialize().to_pybytes(), pinned.columns, files)
@@ -92,14 +121,15 @@ class LakeRead:
                         changed_keys: bytes | None = None) -> list[LakeFiles]:
         if self.snapshot_id is None:
             return []
-        if self.files is not None:  # one task per data file, read without pyiceberg
-            return [LakeFiles(i, b"", changed_keys, (path,)) for i, path in enumerate(self.files)]
+        if self.files is not None:  # one piece per data file, read without pyiceberg
+            return [LakeFiles(i, b"", changed_keys, (path,), rows) for i, (path, rows) in enumerate(self.files)]
         iceberg = self._iceberg()
         lake_cols = {f.name for f in iceberg.schema().fields}
         cols = [c for c in self.lake_columns(names, filters) if c in lake_cols]
         scan = iceberg.scan(row_filter=union.iceberg_filter([list(f) for f in filters], lake_cols),
                             selected_fields=tuple(cols) or ("*",), snapshot_id=self.snapshot_id)
-        return [LakeFiles(i, pickle.dumps([task]), changed_keys) for i, task in enumerate(scan.plan_files())]
+        return [LakeFiles(i, pickle.dumps([task]), changed_keys, (), int(task.file.record_count))
+                for i, task in enumerate(scan.plan_files())]
 
     def read_changed_keys(self, client: fc.Client, ends: dict[int, int]) -> bytes:
         """PK tables: every key the changelog after the snapshot touches (read once, on the driver)."""
@@ -219,4 +249,4 @@ def check_columns(info: fc.TableInfo, names: Sequence[str]) -> None:
                                       f"have no {system}; read the changelog with option('source', 'log')")
 
 
-__all__ = ["ChangelogRange", "LakeFiles", "LakeRead", "SOURCES", "check_columns", "default_source"]
+__all__ = ["ChangelogRange", "LakeFiles", "LakeRead", "Pieces", "SOURCES", "check_columns", "default_source", "pack"]
