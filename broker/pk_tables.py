@@ -243,6 +243,11 @@ class ChangelogBucket:
     def key(self) -> tuple[str, int]:
         return (self.table.name, self.index)
 
+    # The changelog is the table's log: its start, local or remote, is the table bucket's.
+    @property
+    def remote_log_start(self) -> int | None:
+        return self.source.remote_log_start
+
     @property
     def log_start_offset(self) -> int:
         return self.source.log_start_offset

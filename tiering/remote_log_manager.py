@@ -105,6 +105,8 @@ class RemoteLogManager:
     # -- per-bucket state ----------------------------------------------------------------
 
     def state(self, bucket) -> BucketTiering:
+        # A changelog view's bucket reads the remote log of the table bucket it shows.
+        bucket = getattr(bucket, "source", bucket)
         key = (str(bucket.table.topic_id), bucket.index)
         state = self._states.get(key)
         if state is not None and state.bucket is bucket:
