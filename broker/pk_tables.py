@@ -542,6 +542,9 @@ def open_kv_tablet(path: Path, pk: PkTable, bucket: Bucket, snapshots: SnapshotS
     log_tablet = bucket.tablet
     end = log_tablet.log_end_offset
     start = changelog_start(bucket)
+    for stale in snapshots.discard_after(end):
+        log.warning("KV snapshot %s covers offset %d past the log end %d (lost with unsynced log data); "
+                    "deleted", stale.path, stale.log_offset, end)
     tablet = None
     if path.exists():
         try:

@@ -61,6 +61,16 @@ class SnapshotStore:
                 return info
         return None
 
+    def discard_after(self, offset: int) -> list[SnapshotInfo]:
+        """Delete the snapshots covering changes past `offset` (a log end that went back: after
+        a power loss those offsets are given to other changes); returns what was deleted."""
+        doomed = [s for s in self.list() if s.log_offset > offset]
+        for info in doomed:
+            shutil.rmtree(info.path, ignore_errors=True)
+        if doomed:
+            _fsync_dir(self.root)
+        return doomed
+
     def take(self, tablet) -> SnapshotInfo:
         """Checkpoint `tablet` (a KvTablet, writes held off by the caller) into a new snapshot."""
         self.root.mkdir(parents=True, exist_ok=True)
