@@ -81,7 +81,8 @@ def test_producers_beside_idle_connections_then_idle_ones_close(fresh_broker):
     assert failures == []
     assert len(latencies) == 20 * 100
     p99 = float(np.percentile(np.array(latencies) * 1000, 99))
-    assert p99 < 1000, f"ack p99 {p99:.0f} ms"
+    # Far below the 30 s delivery timeout even on a loaded shared machine.
+    assert p99 < 2000, f"ack p99 {p99:.0f} ms"
     assert min(new_conn) < 500, new_conn
 
     # By now (over 3 s after they went quiet) the idle connections are closed by the broker.

@@ -8,6 +8,7 @@ a 200-partition creation blocked every connection for 0.2-1.5 s).
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
@@ -48,11 +49,14 @@ def test_big_topic_changes_do_not_block_other_clients(admin_and_broker):
     def delete():
         admin.delete_topics([name])[name].result(60)
 
+    # What the machine alone does to the probe (other processes, scheduling), for as long.
+    baseline = _probed(b.bootstrap, lambda: time.sleep(1.5))
+    limit = max(MAX_STALL_MS, 2 * baseline.max_ms)
     reports = {step.__name__: _probed(b.bootstrap, step) for step in (create, grow, delete)}
     worst = {step: r.max_ms for step, r in reports.items()}
-    assert all(ms < MAX_STALL_MS for ms in worst.values()), (
-        f"longest round trips {worst} (load {os.getloadavg()}); slow ones: "
-        f"{ {step: r.slow for step, r in reports.items()} }")
+    assert all(ms < limit for ms in worst.values()), (
+        f"longest round trips {worst}, limit {limit:.0f} ms (idle baseline {baseline.max_ms:.0f} ms, "
+        f"load {os.getloadavg()}); slow ones: { {step: r.slow for step, r in reports.items()} }")
 
 
 def test_topic_changes_keep_their_answers(admin_and_broker):
