@@ -404,7 +404,10 @@ class ProducerStateRegistry:
         def rolled(base_offset: int) -> None:
             # Called by the appending thread under the tablet's lock: the snapshot is taken
             # on the loop once this append (and its record()) is done.
-            loop.call_soon_threadsafe(self._snapshot_after_roll, ref)
+            try:
+                loop.call_soon_threadsafe(self._snapshot_after_roll, ref)
+            except RuntimeError:
+                pass  # the loop is closed (shutting down): the stop hook wrote the snapshots
 
         listeners.append(rolled)
 
