@@ -106,3 +106,19 @@ def test_pk_round_replaces_and_deletes_keys(lake):
                  deleted=pa.table({"id": [3]}), primary_key=["id"])
     got = lake.load_table(("fluvial", "k")).scan().to_arrow().sort_by("id").to_pylist()
     assert got == [{"id": 1, "v": "a"}, {"id": 2, "v": "B"}, {"id": 4, "v": "d"}]
+
+
+def test_composite_key_round(lake):
+    schema = pa.schema([("a", pa.int64()), ("b", pa.string()), ("v", pa.int64())])
+    table = lake_catalog.ensure_lake_table(lake, "ck", schema, ["a", "b"], raw=False)
+    n = 3000
+    first = pa.table({"a": list(range(n)), "b": ["x"] * n, "v": [0] * n})
+    s1 = commit_round(table, None, {0: n}, upserts=first, deleted=pa.table({"a": pa.array([], pa.int64()),
+                                                                              "b": pa.array([], pa.string())}),
+                      primary_key=["a", "b"])
+    changed = pa.table({"a": list(range(0, n, 2)), "b": ["x"] * (n // 2), "v": [1] * (n // 2)})
+    commit_round(table, s1, {0: 2 * n}, upserts=changed, deleted=pa.table({"a": [1], "b": ["x"]}),
+                 primary_key=["a", "b"])
+    got = {(r["a"], r["b"]): r["v"] for r in lake.load_table(("fluvial", "ck")).scan().to_arrow().to_pylist()}
+    assert len(got) == n - 1 and (1, "x") not in got
+    assert all(got[(a, "x")] == (1 if a % 2 == 0 else 0) for a, _ in got)

@@ -94,6 +94,10 @@ class SparkRoundIO:
         self.read_mode = read_mode
         self.max_records_per_task = max_records_per_task
 
+    def _io(self, lake_table) -> dict[str, str]:
+        """File IO properties for the tasks (object store endpoint and keys of the warehouse)."""
+        return {**dict(getattr(lake_table.io, "properties", {}) or {}), **self.io_properties}
+
     def _frame(self, table: str, columns: list[str], ranges: dict[int, tuple[int, int]]):
         starting = {str(b): s for b, (s, _) in ranges.items()}
         ending = {str(b): e for b, (_, e) in ranges.items()}
@@ -105,6 +109,7 @@ class SparkRoundIO:
                     starting[str(o.bucket)] = ending[str(o.bucket)] = o.high_watermark
         return (self.spark.read.format("fluvial").option("url", self.url).option("table", table)
                 .option("columns", ",".join(columns))
+                .option("maxRecordsPerPartition", str(self.max_records_per_task))
                 .option("startingOffsets", json.dumps(starting)).option("endingOffsets", json.dumps(ending))
                 .load())
 
@@ -115,10 +120,10 @@ class SparkRoundIO:
                      for r in split_ranges(b, s, e, self.max_records_per_task)]
             rdd = self.spark.sparkContext.parallelize(parts, max(1, len(parts)))
             written = rdd.mapPartitionsWithIndex(
-                _range_writer(self.url, table, columns, lake_table.metadata_location, self.io_properties))
+                _range_writer(self.url, table, columns, lake_table.metadata_location, self._io(lake_table)))
             return [pickle.loads(b) for b in written.collect()]
         frame = self._frame(table, columns, ranges)
-        written = frame.mapInArrow(_task_writer(lake_table.metadata_location, self.io_properties), "file binary")
+        written = frame.mapInArrow(_task_writer(lake_table.metadata_location, self._io(lake_table)), "file binary")
         return [pickle.loads(row.file) for row in written.collect()]
 
     def read_changes(self, table, columns, primary_key, ranges):

@@ -55,14 +55,12 @@ def reduce_changes(changes: pa.Table, primary_key: list[str]) -> tuple[pa.Table,
 
 
 def key_filter(keys: pa.Table, primary_key: list[str]):
-    """An Iceberg row filter matching exactly these keys."""
-    from pyiceberg.expressions import And, EqualTo, In, Or
+    """An Iceberg row filter matching every row of these keys: exact for a one-column key;
+    for a composite key the AND of each column's IN-list, a superset (see `commit_round`)."""
+    from pyiceberg.expressions import And, In
 
-    if len(primary_key) == 1:
-        return In(primary_key[0], set(keys.column(0).to_pylist()))
-    rows = keys.to_pylist()
-    terms = [functools.reduce(And, [EqualTo(c, r[c]) for c in primary_key]) for r in rows]
-    return terms[0] if len(terms) == 1 else functools.reduce(Or, terms)
+    terms = [In(c, set(keys.column(c).to_pylist())) for c in primary_key]
+    return functools.reduce(And, terms) if len(terms) > 1 else terms[0]
 
 
 def commit_round(table, start_snapshot_id: int | None, offsets: dict[int, int], *, data_files: Iterable = (),
@@ -90,11 +88,21 @@ def commit_round(table, start_snapshot_id: int | None, offsets: dict[int, int], 
         with table.transaction() as txn:
             if primary_key:
                 parts = [t.select(primary_key) for t in (upserts, deleted) if t is not None and t.num_rows]
+                kept = None
                 if parts and current is not None:
                     touched = pa.concat_tables([p.cast(parts[0].schema) for p in parts])
-                    txn.delete(key_filter(touched, primary_key), snapshot_properties=props)
-                if upserts is not None and upserts.num_rows:
-                    txn.append(conform(upserts, txn.table_metadata.schema().as_arrow()), snapshot_properties=props)
+                    row_filter = key_filter(touched, primary_key)
+                    if len(primary_key) > 1:
+                        # The filter also matches rows of untouched keys (a mix of touched
+                        # columns' values): they are deleted with the rest and written again.
+                        matched = table.scan(row_filter=row_filter).to_arrow()
+                        kept = matched.join(touched.select(primary_key).cast(matched.select(primary_key).schema),
+                                            primary_key, join_type="left anti")
+                    txn.delete(row_filter, snapshot_properties=props)
+                target = txn.table_metadata.schema().as_arrow()
+                rows = [conform(t, target) for t in (kept, upserts) if t is not None and t.num_rows]
+                if rows:
+                    txn.append(pa.concat_tables(rows), snapshot_properties=props)
             # Always a snapshot of its own: it carries the offsets even when the round added no file.
             with txn.update_snapshot(snapshot_properties=props).fast_append() as append:
                 for f in data_files:
