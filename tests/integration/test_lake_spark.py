@@ -103,7 +103,7 @@ def test_spark_job_tiers_log_and_pk_tables(spark, fresh_broker):
     # Small tasks: one bucket's range is split over many tasks, so a key's changes are read by
     # different tasks and reach the reduction in any order.
     worker = TieringWorker(broker.flight_url, job="spark-test",
-                           io=SparkRoundIO(spark, broker.flight_url, max_records_per_task=150))
+                           io=SparkRoundIO(spark, broker.flight_url, max_records_per_task=500))
     results = {r.table: r for r in [worker.run_once(), worker.run_once()]}
     assert worker.run_once() is None
     assert results["events"].rows == 3000
