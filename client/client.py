@@ -414,7 +414,9 @@ class Scan:
         if not client.remote_reads or start == "latest":
             self._read_broker(bucket, start, end, follow, emit, stop, readers)
             return
+        stalled = 0
         while True:
+            before = start
             start = self._read_remote(bucket, start, end, emit, stop)
             if start is None or stop.is_set():
                 return  # the remote part reached the end
@@ -429,8 +431,9 @@ class Scan:
                 # Local retention removed the offset since the broker was asked: it is remote now.
                 if not isinstance(start, int):
                     raise
+                stalled = stalled + 1 if start == before else 0
                 again = client.remote_log(self.table.name, bucket, start)
-                if again is None or not again.segments or again.end_offset <= start:
+                if again is None or not again.segments or again.end_offset <= start or stalled > 5:
                     raise
 
     def _read_broker(self, bucket: int, start: Any, end: Any, follow: bool, emit, stop: threading.Event,
