@@ -188,3 +188,36 @@ def test_column_added_while_tiering_runs(spark, fresh_broker):
     assert sorted(rows) == list(range(800))
     assert all(rows[i]["note"] is None for i in range(500))
     assert all(rows[i]["note"] == f"n{i}" for i in range(500, 800))
+
+
+@pytest.mark.slow
+def test_spark_job_killed_after_writing_files(spark, fresh_broker):
+    """The Spark job (its own process, `python -m fluvial.tiering.lake`) killed after its tasks
+    wrote the data files and before the commit: the next job tiers every row once."""
+    import os
+    import subprocess
+    import sys
+
+    from fluvial.tiering.lake.job import FAULT_ENV
+
+    broker = fresh_broker("--lake-lease-ms", "2000")
+    create(broker, "killed", EVENT, 2)
+    w = Writer(broker, "killed", EVENT, keyed=False)
+    for i in range(2000):
+        w.send({"id": i, "kind": "k"}, partition=i % 2)
+    w.flush()
+    job = subprocess.run([sys.executable, "-m", "fluvial.tiering.lake", "--url", broker.flight_url,
+                          "--master", "local[1]", "--rounds", "1", "--idle-exit", "60",
+                          "--spark-conf", "spark.ui.enabled=false"],
+                         env={**os.environ, FAULT_ENV: "after_write"}, capture_output=True, timeout=300)
+    assert job.returncode == -9, job.stderr.decode()[-3000:]
+    with fc.connect(broker.flight_url) as client:
+        assert client.lake_info("killed")["snapshot_id"] is None
+        orphans = list((broker.data_dir / "lake" / "warehouse" / "fluvial" / "killed" / "data").glob("*.parquet"))
+        assert orphans, "the killed job's tasks wrote data files"
+        time.sleep(2.2)  # its lease expires
+        worker = TieringWorker(broker.flight_url, job="after-kill", io=SparkRoundIO(spark, broker.flight_url))
+        assert worker.run_once().rows == 2000
+        got = lake_table(broker, client, "killed").scan(selected_fields=("_bucket", "_offset")).to_arrow()
+        keys = sorted(zip(got.column("_bucket").to_pylist(), got.column("_offset").to_pylist()))
+        assert keys == sorted((b, o) for b in (0, 1) for o in range(1000))
