@@ -74,6 +74,8 @@ def add_broker_parser(sub) -> None:
     p.add_argument("--remote-log-manager-interval-ms", type=int, default=d.remote_log_manager_interval_ms)
     p.add_argument("--remote-upload-concurrency", type=int, default=d.remote_upload_concurrency)
     p.add_argument("--remote-read-cache-bytes", type=int, default=d.remote_read_cache_bytes)
+    p.add_argument("--remote-fetch-max-wait-ms", type=int, default=d.remote_fetch_max_wait_ms,
+                   help="longest a Fetch waits for remote data before answering the partition with no records")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
 
@@ -99,7 +101,8 @@ def config_from_args(args) -> BrokerConfig:
                         remote_storage_enable=args.remote_storage_enable == "true",
                         remote_log_manager_interval_ms=args.remote_log_manager_interval_ms,
                         remote_upload_concurrency=args.remote_upload_concurrency,
-                        remote_read_cache_bytes=args.remote_read_cache_bytes)
+                        remote_read_cache_bytes=args.remote_read_cache_bytes,
+                        remote_fetch_max_wait_ms=args.remote_fetch_max_wait_ms)
 
 
 def key_values(items: list[str], option: str) -> dict[str, str]:

@@ -53,6 +53,10 @@ class BrokerConfig:
     remote_upload_concurrency: int = 2
     # Bounded cache of remote data (footers and row groups) for Kafka reads of tiered offsets.
     remote_read_cache_bytes: int = 64 * 1024 * 1024
+    # How long a Fetch waits for remote data (Kafka's remote.fetch.max.wait.ms) before it
+    # answers that partition with no records, as Kafka does: the read goes on, the client's
+    # next fetch of the offset joins it, so a slow or frozen store never holds a request.
+    remote_fetch_max_wait_ms: int = 500
 
     @property
     def advertised(self) -> str:

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from fluvial.broker.log.batch_meta import StoredBatch
+from fluvial.broker.remote_fetches import RemoteFetches
 from fluvial.errors import FluvialError, OffsetOutOfRangeError, StorageError
 from fluvial.tiering.object_store import ObjectStore
 from fluvial.tiering.remote_log_manifest import (
@@ -90,6 +91,8 @@ class RemoteLogManager:
                                            thread_name_prefix="fluvial-remote")
         # Reads of remote data for Kafka clients, and DeleteRecords: never queued behind uploads.
         self.read_executor = ThreadPoolExecutor(4, thread_name_prefix="fluvial-remote-read")
+        # Kafka fetches of remote offsets: bounded in time, a retried fetch joins the read.
+        self.fetches = RemoteFetches(self.read_executor, max(0, config.remote_fetch_max_wait_ms) / 1000)
         self.staging = Path(config.data_dir) / "remote-staging"
         # Files of uploads a crash cut short: nothing refers to them.
         if self.staging.is_dir():
@@ -189,6 +192,9 @@ class RemoteLogManager:
             state.failures += 1
             state.last_error = str(exc)
             state.retry_at = time.monotonic() + min(MAX_BACKOFF_S, 0.25 * 2 ** state.failures)
+            # A request that timed out may still reach the store later (a PUT of an upload
+            # given up on): the next round looks for orphans again before it goes on.
+            state.orphans_checked = False
             log.warning("tiering of %s-%d failed (attempt %d), retrying: %s", bucket.table.name, bucket.index,
                         state.failures, exc)
         finally:

@@ -164,9 +164,11 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
             if cached is not None:
                 batches, size = cached
             elif p.fetch_offset < tablet.log_start_offset and ctx.broker.remote_log.serves(bucket, p.fetch_offset):
-                # Tiered offsets: object store reads, never on the event loop.
-                batches, size = await loop.run_in_executor(
-                    ctx.broker.remote_log.read_executor, _read_bucket, ctx, bucket, p.fetch_offset, limit)
+                # Tiered offsets: object store reads, never on the event loop, and never waited
+                # on for longer than remote.fetch.max.wait.ms.
+                batches, size = await ctx.broker.remote_log.fetches.read(
+                    (tablet, p.fetch_offset),
+                    lambda b=bucket, o=p.fetch_offset, n=limit: _read_bucket(ctx, b, o, n))
             elif limit > 256 * 1024 or bucket.table.value_format is not kafka_batches.RAW:
                 # Large reads and typed tables (values re-encoded from columns) are CPU work.
                 batches, size = await loop.run_in_executor(

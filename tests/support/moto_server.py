@@ -1,7 +1,8 @@
 """A real S3-compatible server process (`moto_server`) on loopback for the S3 tests.
 
 The process keeps its objects in memory: a restart empties it (the tests that stop the store
-create their bucket again after restarting it).
+create their bucket again after restarting it). `freeze`/`thaw` (SIGSTOP/SIGCONT) take the
+store away mid-work and give it back with its objects.
 """
 from __future__ import annotations
 
@@ -60,8 +61,19 @@ class MotoServer:
             self.proc.wait()
             self.proc = None
 
+    def freeze(self) -> None:
+        """Stop the server process in its tracks (SIGSTOP): connections are accepted by the
+        kernel and requests are sent, but nothing answers; the objects stay."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Let a frozen server go on (SIGCONT): it answers what was queued meanwhile."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc is not None:
+            self.thaw()  # a frozen process would not act on SIGTERM
             self.proc.terminate()
             try:
                 self.proc.wait(10)
