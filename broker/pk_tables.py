@@ -124,7 +124,7 @@ class BucketKv:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     snapshot_offset: int = -1
     remote: "RemoteKvSnapshots | None" = None  # the table's remote storage is on
-    remote_offset: int = -1  # offset of the newest snapshot in the object store
+    remote_offset: int | None = None  # offset of the newest snapshot in the object store (None: not looked up)
 
 
 class PkTable:
@@ -431,13 +431,6 @@ class PkTableService:
         kv = BucketKv(bucket, tablet, snapshots, remote=remote)
         latest = snapshots.latest()
         kv.snapshot_offset = latest.log_offset if latest else -1
-        if remote is not None:
-            try:
-                newest = remote.latest()
-                kv.remote_offset = newest.log_offset if newest else -1
-            except Exception as exc:  # noqa: BLE001 - a store that is down: uploads catch up later
-                log.warning("KV snapshots of %s bucket %d in the object store cannot be listed: %s",
-                            pk.table.name, bucket.index, exc)
         return kv
 
     # -- snapshots -----------------------------------------------------------------------
@@ -450,6 +443,8 @@ class PkTableService:
         for kv in pk.buckets:
             if kv.remote is None:
                 kv.remote = self.remote_snapshots(table, kv.bucket.index)  # remote storage turned on since
+            if kv.remote is not None and kv.remote_offset is None:
+                kv.remote_offset = await loop.run_in_executor(self.broker.io_executor, _newest_offset, kv)
             async with kv.lock:
                 unchanged = kv.tablet.applied_offset == kv.snapshot_offset
                 if only_changed and unchanged and (kv.remote is None or kv.remote_offset == kv.snapshot_offset):
@@ -514,6 +509,17 @@ class PkTableService:
                               "next start", kv.tablet.path, exc)
 
 
+def _newest_offset(kv: BucketKv) -> int | None:
+    """The offset of the bucket's newest remote snapshot (-1: none; None: the store cannot be asked)."""
+    try:
+        newest = kv.remote.latest()
+    except Exception as exc:  # noqa: BLE001 - a store that is down: the upload retries later
+        log.warning("KV snapshots of %s bucket %d in the object store cannot be listed: %s",
+                    kv.bucket.table.name, kv.bucket.index, exc)
+        return None
+    return newest.log_offset if newest else -1
+
+
 def table_spec(schema: pa.Schema, configs: dict[str, str]) -> tuple[KeyLayout, MergeSpec]:
     """The key layout and merge settings of a table, or InvalidConfigError naming what is wrong."""
     pk_cols = _columns(configs.get(PRIMARY_KEY))
@@ -566,7 +572,7 @@ def open_kv_tablet(path: Path, pk: PkTable, bucket: Bucket, snapshots: SnapshotS
         if local is not None and local.log_offset < start:
             local = None  # retention removed changes it would need
         far = None
-        if remote is not None:
+        if remote is not None and end > 0:  # a new bucket has nothing to restore: no store call
             try:
                 far = remote.latest(max_offset=end, min_offset=start)
             except Exception as exc:  # noqa: BLE001 - then only what is local can restore it
