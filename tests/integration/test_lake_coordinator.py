@@ -59,6 +59,7 @@ def test_lake_info_leases_and_late_reports(fresh_broker):
             client._action("lake-complete", {"name": "events", "lease_id": "x"})
         info = client.lake_info("events")
         assert info["offsets"] == {"0": 300, "1": 200} and info["state"] == "tiered"
+        assert info["metadata_location"].endswith(".metadata.json")
         got = lake_rows(info)
         assert sorted(got.column("id").to_pylist()) == list(range(500))
         assert got.column_names == ["id", "name", "_bucket", "_offset", "_timestamp"]
