@@ -71,6 +71,25 @@ def test_lake_info_leases_and_late_reports(fresh_broker):
 
         with pytest.raises(fc.FluvialError, match="not a duration"):
             client.create_table("bad", SCHEMA, lake=True, configs={"fluvial.lake.freshness": "whenever"})
+        # Malformed requests get clear errors.
+        with pytest.raises(fc.InvalidRequestError, match="'job'"):
+            client._action("lake-acquire", {})
+        with pytest.raises(fc.InvalidRequestError, match="'lease_id'"):
+            client._action("lake-heartbeat", {"name": "events"})
+        with pytest.raises(fc.InvalidRequestError, match="not a lake table"):
+            client._action("lake-status", {"name": "plain"})
+        with pytest.raises(fc.UnknownTableError):
+            client.lake_info("missing")
+
+        # A round that fails is reported: the table shows failed, with the job's error.
+        client.create_table("failing", SCHEMA, lake=True).append(rows(0, 10))
+        broken = TieringWorker(broker.flight_url, job="broken", catalog_options={"type": "no-such-catalog"},
+                               tables=["failing"])
+        with pytest.raises(Exception):
+            broken.run_once()
+        [status] = client.lake_status("failing")
+        assert status["state"] == "failed" and "no-such-catalog" in status["error"] and status["lag_records"] == 10
+        assert client._action("lake-acquire", {"job": "again", "tables": ["failing"]}) is None  # due after freshness
 
 
 def test_alter_enables_lake_and_worker_tiers_rounds(fresh_broker):
