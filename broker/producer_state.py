@@ -29,7 +29,7 @@ import crc32c
 from fluvial.broker.log import BatchMeta
 from fluvial.broker.log.checkpoint import fsync_directory
 from fluvial.broker.metadata import MetadataStore
-from fluvial.errors import FluvialError, OutOfOrderSequenceError, ProducerFencedError
+from fluvial.errors import FluvialError, OutOfOrderSequenceError, ProducerFencedError, StorageError
 from fluvial.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
@@ -181,6 +181,14 @@ class ProducerStateManager:
             self.apply(meta, now_ms)
             n += 1
         return n
+
+    def forget(self, producer_id: int, epoch: int, first_seq: int) -> None:
+        """Take back the producer's newest batch if it is the one starting at `first_seq`."""
+        entry = self.producers.get(producer_id)
+        if entry is not None and entry.epoch == epoch and entry.batches and entry.batches[-1].first_seq == first_seq:
+            entry.batches.pop()
+            if not entry.batches:
+                del self.producers[producer_id]
 
     def remove_expired(self, now_ms: int, expiration_ms: int) -> int:
         """Forget producers silent for longer than producer.id.expiration.ms."""
@@ -419,10 +427,20 @@ class ProducerStateRegistry:
         future = self._loop.run_in_executor(self._io_executor, self.write_snapshots, [prepared])
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
-    async def snapshot_now(self, bucket: "Bucket") -> None:
-        """Write the bucket's state before going on (a write the log holds no trace of)."""
-        prepared = self._prepare(bucket, self.manager(bucket), int(time.time() * 1000))
-        await asyncio.get_running_loop().run_in_executor(self._io_executor, self.write_snapshots, [prepared])
+    async def persist_unlogged(self, bucket: "Bucket", written: BatchMeta) -> None:
+        """Make a recorded batch that left nothing in the log (a primary-key write that
+        changed nothing) durable: the bucket's snapshot is written before the answer. When
+        it cannot be, the batch is forgotten again (a retry is then applied anew, not taken
+        for a duplicate) and StorageError is raised: the write is not acknowledged."""
+        manager = self.manager(bucket)
+        prepared = self._prepare(bucket, manager, int(time.time() * 1000))
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._io_executor, manager.write_snapshot, prepared)
+        except OSError as exc:
+            manager.forget(written.producer_id, written.producer_epoch, written.base_sequence)
+            manager.dirty = True
+            log.error("cannot write the producer state snapshot in %s: %s", manager.directory, exc)
+            raise StorageError(f"cannot make the producer state of {bucket.tablet.directory.name} durable: {exc}") from exc
 
     @staticmethod
     def load(bucket: "Bucket") -> ProducerStateManager:

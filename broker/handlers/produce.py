@@ -154,7 +154,7 @@ async def produce(ctx: RequestContext, request):
                 if idempotent and written.record_count == 0:
                     # Nothing changed, so the log holds no trace of this batch: its sequences
                     # are made durable in a snapshot before the answer.
-                    await producer_state.snapshot_now(bucket)
+                    await producer_state.persist_unlogged(bucket, written)
             else:
                 written = bucket.append(records, meta)
                 if idempotent:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
@@ -15,7 +16,7 @@ from fluvial.broker.producer_state import (
     INT32_MAX, Duplicate, ProducerIdManager, ProducerStateManager, ProducerStateRegistry,
     last_sequence, list_snapshots,
 )
-from fluvial.errors import FluvialError, OutOfOrderSequenceError, ProducerFencedError
+from fluvial.errors import FluvialError, OutOfOrderSequenceError, ProducerFencedError, StorageError
 from fluvial.protocol.errors import ErrorCode
 
 PID = 4000
@@ -282,6 +283,40 @@ def test_pk_changelog_meta_keeps_the_producers_sequence_span():
     assert s.check(PID, 0, 45, 45) is None
     plain = BatchMeta(0, 2, 3, 1, 1, PID, 0, 0)
     assert b";".join(plain.encode().split(b";")[:12]) == plain.encode(), "no optional field when unused"
+
+
+def test_an_unlogged_batch_whose_snapshot_fails_is_forgotten_and_refused(tmp_path):
+    """A no-op write leaves nothing in the log: if its snapshot cannot be written it must
+    not be acknowledged, nor taken for a duplicate when retried."""
+    bucket = BucketOnDisk(tmp_path / "t-0")
+    produce_pid = PID
+
+    async def run():
+        with ThreadPoolExecutor(1) as io:
+            registry = ProducerStateRegistry(io_executor=io, loop=asyncio.get_running_loop())
+            produce(registry, bucket, 0, 0, 5, pid=produce_pid)
+            noop = BatchMeta(base_offset=5, last_offset_delta=-1, record_count=0, base_timestamp=-1,
+                             max_timestamp=-1, producer_id=produce_pid, producer_epoch=0, base_sequence=5,
+                             producer_record_count=3)
+            registry.record(bucket, noop)
+            manager = registry.manager(bucket)
+            assert manager.check(produce_pid, 0, 5, 7) == Duplicate(5, 4)
+
+            def disk_full(prepared=None):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            manager.write_snapshot = disk_full
+            with pytest.raises(StorageError):
+                await registry.persist_unlogged(bucket, noop)
+            del manager.write_snapshot
+            assert manager.check(produce_pid, 0, 5, 7) is None  # applied anew when retried
+            registry.record(bucket, noop)
+            await registry.persist_unlogged(bucket, noop)
+            return [o for o, _ in list_snapshots(tmp_path / "t-0")]
+
+    assert asyncio.run(run()) == [5]
+    loaded = ProducerStateRegistry.load(BucketOnDisk(tmp_path / "t-0"))
+    assert loaded.check(PID, 0, 5, 7) == Duplicate(5, 4)
 
 
 def test_silent_producers_expire():
