@@ -128,3 +128,34 @@ def test_union_of_tiered_pk_table_equals_lookups(lake_broker):
         assert sort_rows(got, ["k"]) == expected
         got = t.scan(columns=["k", "v"], filter=("v", "=", "b"), source="union").to_arrow()
         assert sort_rows(got, ["k"]) == [{"k": r["k"], "v": r["v"]} for r in expected if r["v"] == "b"]
+
+
+def test_union_after_a_column_is_added(lake_broker):
+    """Rows tiered before a column existed read it as null, from the lake as from the log."""
+    import urllib.request
+
+    name = f"e-{uuid.uuid4().hex[:8]}"
+    with connect(lake_broker.flight_url) as client:
+        t = client.create_table(name, SCHEMA, buckets=2, kafka_format="avro", configs=LAKE)
+        t.append(pa.table({"id": list(range(100)), "city": ["Oslo"] * 100, "amount": [1.0] * 100}, schema=SCHEMA))
+        tier(lake_broker, name)
+        url = f"{lake_broker.http_url}/subjects/{name}-value/versions"
+        with urllib.request.urlopen(url + "/latest") as resp:
+            avro = json.loads(json.loads(resp.read())["schema"])
+        avro["fields"].append({"name": "note", "type": ["null", "string"], "default": None})
+        req = urllib.request.Request(url, data=json.dumps({"schema": json.dumps(avro)}).encode(),
+                                     headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+        urllib.request.urlopen(req).read()
+        t = client.table(name)
+        assert "note" in t.schema.names
+        t.append(pa.table({"id": list(range(100, 150)), "city": ["Lima"] * 50, "amount": [2.0] * 50,
+                           "note": [f"n{i}" for i in range(50)]}))
+        tier(lake_broker, name)          # the lake table gains the column; old files lack it
+        t.append(pa.table({"id": [150], "city": ["Pune"], "amount": [3.0], "note": ["live"]}))
+        got = t.scan(columns=["id", "note"]).to_arrow()
+        notes = dict(zip(got["id"].to_pylist(), got["note"].to_pylist()))
+        assert len(notes) == 151 and got.num_rows == 151
+        assert all(notes[i] is None for i in range(100))
+        assert [notes[i] for i in range(100, 151)] == [f"n{i}" for i in range(50)] + ["live"]
+        only_new = t.scan(columns=["id"], filter=("note", "not_null", None), source="lake").to_arrow()
+        assert sorted(only_new["id"].to_pylist()) == list(range(100, 150))
