@@ -113,8 +113,13 @@ class LakeRead:
     def _iceberg(self) -> Any:
         return union.load_catalog(self.catalog).load_table(self.identifier)
 
+    def bounded(self) -> bool:
+        """Whether the read asks for fewer offsets than the snapshot holds (startingOffsets or
+        endingOffsets inside it): only then are lake rows checked by `_bucket`/`_offset`."""
+        return any(lo > 0 or hi < self.lake_end.get(b, 0) for b, (lo, hi) in self.bounds.items())
+
     def lake_columns(self, names: Sequence[str], filters: Sequence[Sequence[Any]]) -> list[str]:
-        extra = list(self.primary_key) if self.primary_key else ["_bucket", "_offset"]
+        extra = list(self.primary_key) if self.primary_key else ["_bucket", "_offset"] if self.bounded() else []
         return list(dict.fromkeys([*names, *extra, *(f[0] for f in filters)]))
 
     def file_partitions(self, names: Sequence[str], filters: Sequence[Sequence[Any]],
@@ -171,7 +176,7 @@ class LakeRead:
             if self.primary_key:
                 if keys is not None and rows.num_rows:
                     rows = rows.join(keys, keys=list(self.primary_key), join_type="left anti").select(want)
-            else:
+            elif self.bounded():
                 rows = self._within_bounds(rows)
             rows = union.apply_filters(rows, parsed)
             for batch in rows.to_batches():

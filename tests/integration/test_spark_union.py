@@ -67,6 +67,11 @@ def test_spark_union_equals_client_union_and_kafka(spark, lake_broker):
                      key=lambda r: (r["_bucket"], r["_offset"]))
         assert got == expected
         assert df.rdd.getNumPartitions() == 2   # lake files and log ranges packed: a task per bucket
+        # offsets inside the lake snapshot: the lake rows are cut to them
+        part = read(spark, lake_broker, name, source="union", columns="_bucket,_offset",
+                    startingOffsets='{"0": 100, "1": 0}', endingOffsets='{"0": 500, "1": 50}').toArrow()
+        assert sorted(zip(part["_bucket"].to_pylist(), part["_offset"].to_pylist())) == \
+            [(0, o) for o in range(100, 500)] + [(1, o) for o in range(50)]
         client_union = t.scan(columns=["id", "amount"]).to_arrow()
         spark_union = read(spark, lake_broker, name, columns="id,amount").toArrow()
         assert sort_rows(spark_union, ["id"]) == sort_rows(client_union, ["id"])
