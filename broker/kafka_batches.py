@@ -67,6 +67,9 @@ _DELTAS.flags.writeable = False
 
 
 def _deltas_are_dense(offset_delta: np.ndarray, n: int) -> bool:
+    if n == 1:
+        # The common small batch: a scalar comparison instead of an array reduction.
+        return offset_delta.shape == (1,) and int(offset_delta[0]) == 0
     expected = _DELTAS[:n] if n <= len(_DELTAS) else np.arange(n, dtype=np.int32)
     return offset_delta.shape == (n,) and bool((offset_delta == expected).all())
 

@@ -181,7 +181,11 @@ class KafkaServer:
 
     async def _complete(self, header: RequestHeader, awaitable: Awaitable[Any]) -> bytes | None:
         response = await awaitable
-        return None if response is None else encode_response(header, response)
+        if response is None or isinstance(response, (bytes, bytearray)):
+            return response  # None: nothing to send; bytes: framed by the handler
+        if isinstance(response, EncodedResponse):
+            return response.to_bytes()
+        return encode_response(header, response)
 
     async def _send_in_order(self, outbox: asyncio.Queue, conn: Connection) -> None:
         writer = conn.writer

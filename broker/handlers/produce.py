@@ -14,7 +14,9 @@ from fluvial.broker import kafka_batches, pk_tables
 from fluvial.broker.handlers import Deferred, RequestContext, handles
 from fluvial.errors import FluvialError, InvalidRecordError, MessageTooLargeError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
+from fluvial.protocol.fetch_response import EncodedResponse
 from fluvial.protocol.messages import ApiKey, response_class
+from fluvial.protocol.produce_response import ProducedPartition, encode_produce_response
 from fluvial.protocol.records import parse_batch_header, set_base_offset, split_batches, verify_crc
 
 log = logging.getLogger(__name__)
@@ -36,15 +38,11 @@ class _Part:
     converted: object = None  # (records, meta) | FluvialError
 
 
-def _error(index: int, exc: FluvialError | ErrorCode, message: str | None = None) -> object:
+def _error(index: int, exc: FluvialError | ErrorCode, message: str | None = None) -> ProducedPartition:
     code = exc.code if isinstance(exc, FluvialError) else exc
     msg = exc.message if isinstance(exc, FluvialError) else message
-    errors = []
-    if isinstance(exc, InvalidRecordError):
-        errors = [PartitionResponse.BatchIndexAndErrorMessage(batch_index=i, batch_index_error_message=m)
-                  for i, m in exc.record_errors]
-    return PartitionResponse(index=index, error_code=code, base_offset=-1, log_append_time_ms=-1,
-                             log_start_offset=-1, record_errors=errors, error_message=msg)
+    errors = list(exc.record_errors) if isinstance(exc, InvalidRecordError) else []
+    return ProducedPartition(index, int(code), record_errors=errors, error_message=msg)
 
 
 def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
@@ -92,7 +90,9 @@ async def produce(ctx: RequestContext, request):
         # KIP-896: advertised from v0 so old librdkafka keeps compression on, refused below v3.
         return ctx.response(throttle_time_ms=0, responses=[
             R.TopicProduceResponse(name=t.name, partition_responses=[
-                _error(p.index, ErrorCode.UNSUPPORTED_VERSION, "Produce v0-2 are not supported (KIP-896)")
+                PartitionResponse(index=p.index, error_code=ErrorCode.UNSUPPORTED_VERSION, base_offset=-1,
+                                  log_append_time_ms=-1, log_start_offset=-1, record_errors=[],
+                                  error_message="Produce v0-2 are not supported (KIP-896)")
                 for p in t.partition_data]) for t in request.topic_data])
     acks = request.acks
     parts: list[_Part] = []
@@ -136,9 +136,7 @@ async def produce(ctx: RequestContext, request):
                     await producer_state.ensure_loaded(bucket)  # just after a restart
                 duplicate = producer_state.check(bucket, meta)
                 if duplicate is not None:
-                    p.response = PartitionResponse(index=p.index, error_code=0, base_offset=duplicate.base_offset,
-                                                   log_append_time_ms=-1,
-                                                   log_start_offset=bucket.log_start_offset)
+                    p.response = ProducedPartition(p.index, 0, duplicate.base_offset, -1, bucket.log_start_offset)
                     if acks == -1 and broker.config.flush_policy == "ack":
                         # The original may still be waiting for its fsync.
                         durable_waits.append((p, bucket.group_commit.wait_durable(duplicate.last_offset + 1)))
@@ -166,9 +164,8 @@ async def produce(ctx: RequestContext, request):
             set_base_offset(p.wire, written.base_offset, bucket.leader_epoch)
             # The batch is not changed after this: cached as is, without a copy.
             broker.wire_cache.put(p.topic, p.index, written.base_offset, p.wire)
-        p.response = PartitionResponse(index=p.index, error_code=0, base_offset=written.base_offset,
-                                       log_append_time_ms=lat.get(p.topic, -1),
-                                       log_start_offset=bucket.log_start_offset)
+        p.response = ProducedPartition(p.index, 0, written.base_offset, lat.get(p.topic, -1),
+                                       bucket.log_start_offset)
         if acks == -1 and broker.config.flush_policy == "ack":
             durable_waits.append((p, bucket.group_commit.wait_durable(written.base_offset + written.record_count)))
 
@@ -178,10 +175,10 @@ async def produce(ctx: RequestContext, request):
     by_topic: dict[str, list] = {}
     for p in parts:
         by_topic.setdefault(p.topic, []).append(p.response)
-    response = ctx.response(throttle_time_ms=0, responses=[
-        R.TopicProduceResponse(name=name, partition_responses=resps) for name, resps in by_topic.items()])
     if not durable_waits:
-        return response
+        # Encoded here rather than as kafka-python objects: a small request's answer would
+        # otherwise cost about as much as its append.
+        return EncodedResponse([encode_produce_response(ctx.header, list(by_topic.items()))])
 
     async def after_fsync():
         # Each partition is answered by its own bucket's fsync: one failing disk or bucket
@@ -193,6 +190,6 @@ async def produce(ctx: RequestContext, request):
                 log.error("produce to %s-%d not acknowledged: %s", p.topic, p.index, outcome)
                 p.response.error_code, p.response.base_offset = code, -1
                 p.response.error_message = str(outcome)
-        return response
+        return encode_produce_response(ctx.header, list(by_topic.items()))
 
     return Deferred(after_fsync())

@@ -43,13 +43,28 @@ def _as_plain(array: pa.Array) -> pa.Array:
     return array
 
 
-def compute_stats(batch: pa.RecordBatch) -> bytes:
-    """Statistics of the user columns (names not starting with ``_``) as compact JSON; b"" if none."""
+def stats_columns(schema: pa.Schema) -> tuple[int, ...]:
+    """Indexes of the columns that get statistics: user columns (names not starting with
+    ``_``) of a type with cheap bounds. Callers appending many batches of one schema keep
+    this, so a batch without such columns (a raw table's) costs nothing here."""
+    return tuple(i for i, field in enumerate(schema)
+                 if not field.name.startswith("_") and _has_stats(field.type))
+
+
+def compute_stats(batch: pa.RecordBatch, columns: tuple[int, ...] | None = None) -> bytes:
+    """Statistics of the user columns (names not starting with ``_``) as compact JSON; b"" if none.
+
+    ``columns`` is ``stats_columns(batch.schema)`` when the caller has it already.
+    """
+    if columns is None:
+        columns = stats_columns(batch.schema)
+    if not columns:
+        return b""
     stats: dict[str, list] = {}
-    for field, column in zip(batch.schema, batch.columns):
-        if field.name.startswith("_") or not _has_stats(field.type):
-            continue
-        array = _as_plain(column)
+    schema = batch.schema
+    for i in columns:
+        field = schema.field(i)
+        array = _as_plain(batch.column(i))
         nulls = array.null_count
         if nulls == len(array):
             low = high = None

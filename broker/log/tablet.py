@@ -20,7 +20,7 @@ from fluvial.broker.log.config import FlushPolicy, LogConfig, TimestampType
 from fluvial.broker.log.leader_epoch import LeaderEpochCache
 from fluvial.broker.log.segment import DATA_SUFFIX, OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment
 from fluvial.broker.log.segment_format import BatchHeader, SegmentFormatError, encode_batch
-from fluvial.broker.log.statistics import ColumnStats, compute_stats, decode_stats
+from fluvial.broker.log.statistics import ColumnStats, compute_stats, decode_stats, stats_columns
 from fluvial.errors import InvalidRecordError, InvalidRequestError, OffsetOutOfRangeError, StorageError
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class LogTablet:
         self._closed = False
         # Why the tablet is offline after a failed write or fsync; None while healthy.
         self._failure: str | None = None
-        self._schema_cache: tuple[pa.Schema, pa.Schema] | None = None
+        self._schema_cache: tuple[pa.Schema, pa.Schema, tuple[int, ...]] | None = None
         self.leader_epochs: LeaderEpochCache
         # Called with the new segment's base offset after each roll, by the appending thread
         # under the write lock: must be quick and must not raise (e.g. producer-state snapshots).
@@ -249,15 +249,22 @@ class LogTablet:
         count = records.num_rows
         if count == 0:
             raise InvalidRecordError("an appended batch must hold at least one record")
-        stored_schema = self._stored_schema(records.schema)
+        stored_schema, stat_columns = self._stored_schema(records.schema)
         with self._write_lock:
             self._check_open()
             self.check_online()
             base = self.log_end_offset
             records, filled = self._stamp(records, meta, base, now_ms, leader_epoch)
-            offsets = pa.array(np.arange(base, base + count, dtype=np.int64))
-            batch = pa.RecordBatch.from_arrays([offsets, *records.columns], schema=stored_schema)
-            stats = compute_stats(batch) if self.config.batch_statistics else b""
+            # Statistics skip the system columns, so the batch without _offset gives the same.
+            stats = compute_stats(records, stat_columns) if self.config.batch_statistics else b""
+            # add_column rather than from_arrays(schema=...): the columns were checked
+            # against the schema already, and re-validating them costs more than the rest
+            # of a small append.
+            offsets = pa.Array.from_buffers(pa.int64(), count,
+                                            [None, pa.py_buffer(np.arange(base, base + count, dtype=np.int64))])
+            batch = records.add_column(0, OFFSET_FIELD, offsets)
+            if not batch.schema.equals(stored_schema, check_metadata=True):
+                batch = pa.RecordBatch.from_arrays([offsets, *records.columns], schema=stored_schema)
             encoded = encode_batch(batch, filled, stats)
             view = self._view
             active = view.segments[-1] if view.segments else None
@@ -300,7 +307,8 @@ class LogTablet:
             attributes |= ATTR_LOG_APPEND_TIME
         else:
             timestamps = _as_int64(records.column(TIMESTAMP_COLUMN))
-            max_timestamp = int(timestamps.max())
+            # One row (many small producers): no array reduction.
+            max_timestamp = int(timestamps[0]) if count == 1 else int(timestamps.max())
             base_timestamp = meta.base_timestamp if meta.base_timestamp >= 0 else int(timestamps[0])
         filled = BatchMeta(
             base, count - 1, count, base_timestamp, max_timestamp, meta.producer_id, meta.producer_epoch,
@@ -321,11 +329,12 @@ class LogTablet:
             if latest is None or epoch > latest:
                 self.leader_epochs.assign(epoch, self.log_end_offset)
 
-    def _stored_schema(self, schema: pa.Schema) -> pa.Schema:
-        """The schema as stored (``_offset`` first), checked once per distinct input schema."""
+    def _stored_schema(self, schema: pa.Schema) -> tuple[pa.Schema, tuple[int, ...]]:
+        """The schema as stored (``_offset`` first) and the input columns that get statistics,
+        checked once per distinct input schema."""
         cached = self._schema_cache
         if cached is not None and (cached[0] is schema or cached[0].equals(schema, check_metadata=True)):
-            return cached[1]
+            return cached[1], cached[2]
         names = schema.names
         if OFFSET_FIELD.name in names:
             raise InvalidRecordError("_offset is assigned by the log, not given")
@@ -334,8 +343,8 @@ class LogTablet:
         if any(pa.types.is_dictionary(t) for t in schema.types):
             raise InvalidRecordError("dictionary-encoded columns are not stored; decode them first")
         stored = schema.insert(0, OFFSET_FIELD)
-        self._schema_cache = (schema, stored)
-        return stored
+        self._schema_cache = (schema, stored, stats_columns(schema))
+        return stored, self._schema_cache[2]
 
     def _should_roll(self, active: LogSegment, encoded, meta: BatchMeta) -> bool:
         state = active.state
