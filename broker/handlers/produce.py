@@ -183,7 +183,16 @@ async def produce(ctx: RequestContext, request):
     async def after_fsync():
         # Each partition is answered by its own bucket's fsync: one failing disk or bucket
         # does not fail the others' acknowledgements.
-        outcomes = await asyncio.gather(*(wait for _, wait in durable_waits), return_exceptions=True)
+        if len(durable_waits) == 1:
+            # The usual small request (one partition): awaited directly, without the task
+            # gather would wrap it in.
+            try:
+                await durable_waits[0][1]
+                outcomes = [None]
+            except Exception as exc:
+                outcomes = [exc]
+        else:
+            outcomes = await asyncio.gather(*(wait for _, wait in durable_waits), return_exceptions=True)
         for (p, _), outcome in zip(durable_waits, outcomes):
             if isinstance(outcome, BaseException):
                 code = outcome.code if isinstance(outcome, FluvialError) else ErrorCode.KAFKA_STORAGE_ERROR
