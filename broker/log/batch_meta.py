@@ -29,6 +29,7 @@ _FIELDS = (
 # Appended fields (encoding version 1 allows more fields after the known ones): written
 # only when they differ from their defaults, so batches without them keep their bytes.
 _OPTIONAL_FIELDS = ("producer_record_count",)
+_ENCODED = (_ENCODING_VERSION + ";%d" * len(_FIELDS)).encode("ascii")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +83,15 @@ class BatchMeta:
         return bool(self.attributes & ATTR_CONTROL)
 
     def encode(self) -> bytes:
-        """ASCII form kept in the IPC message's custom metadata (readable by any Arrow tool)."""
-        values = [getattr(self, name) for name in _FIELDS]
-        optional = [getattr(self, name) for name in _OPTIONAL_FIELDS]
-        while optional and optional[-1] == -1:
-            optional.pop()
-        return ";".join((_ENCODING_VERSION, *map(str, values + optional))).encode("ascii")
+        """ASCII form kept in the IPC message's custom metadata (readable by any Arrow tool):
+        the encoding version, then the fields of ``_FIELDS`` and the optional ones that are
+        not -1, separated by ``;``. One format string: every append encodes one."""
+        text = _ENCODED % (self.base_offset, self.last_offset_delta, self.record_count, self.base_timestamp,
+                           self.max_timestamp, self.producer_id, self.producer_epoch, self.base_sequence,
+                           self.attributes, self.partition_leader_epoch, self.schema_id)
+        if self.producer_record_count != -1:
+            text += b";%d" % self.producer_record_count
+        return text
 
     @classmethod
     def decode(cls, data: bytes) -> BatchMeta:

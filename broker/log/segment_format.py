@@ -159,7 +159,12 @@ def parse_batch_header(view: memoryview, position: int, limit: int) -> BatchHead
     if crc_end - crc_start != 8:
         raise SegmentFormatError("bad checksum field")
     try:
-        crc = int(bytes(meta[crc_start:crc_end]), 16)
+        crc_text = bytes(meta[crc_start:crc_end])
+        crc = int(crc_text, 16)
+        if crc_text != b"%08x" % crc:
+            # Written as 8 lowercase hex digits: a damaged digit that still parses (a
+            # flipped case bit, a sign) must not pass the checksum.
+            raise ValueError(f"checksum text {crc_text!r} is not 8 lowercase hex digits")
         batch_meta = BatchMeta.decode(bytes(meta[meta_start:meta_end]))
     except ValueError as exc:
         raise SegmentFormatError(f"bad batch metadata: {exc}") from exc

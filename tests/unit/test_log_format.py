@@ -90,3 +90,12 @@ def test_a_changed_schema_invalidates_the_batch_checksum():
     raw, schema_length = segment_bytes(batch, BatchMeta(0, 0, 1, 0, 0))
     header = parse_batch_header(memoryview(raw), schema_length, len(raw))
     assert not checksum_matches(memoryview(raw), header, schema_checksum(raw[:schema_length] + b"x"))
+
+
+@given(st.lists(st.integers(-2**63, 2**63 - 1) | st.sampled_from([-1, 0]), min_size=12, max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_batch_meta_text_is_version_then_fields_then_optional_fields_unless_default(values):
+    meta = BatchMeta(*values)
+    fields, optional = values[:11], [v for v in values[11:] if v != -1]
+    assert meta.encode() == ";".join(["1", *map(str, fields + optional)]).encode()
+    assert BatchMeta.decode(meta.encode()) == meta
