@@ -253,3 +253,26 @@ def test_pk_union_equals_lookups(client, lake, topic_name):
     assert sort_rows(lake_only, ["user", "item"]) == sort_rows(full.rows, ["user", "item"])
     with pytest.raises(union.LakeReadError, match="changelog"):
         t.scan(columns=["_offset", "user"], source="union")
+
+
+def test_spark_lake_tasks_read_what_the_client_reads(broker, client, lake, topic_name):
+    """The Spark source's lake tasks (planned and read here, without a Spark session), by
+    both lake paths: the same rows as the client's lake-only read, filters applied."""
+    pytest.importorskip("pyspark")
+    from fluvial.spark import union as spark_union
+
+    catalog, tables, mode = lake
+    t = make_log_table(client, topic_name, buckets=2)
+    ends = {o.bucket: o.high_watermark for o in t.offsets()}
+    tables[t.name] = tier_log_rows(catalog, t, {b: e // 2 for b, e in ends.items()})
+    tables[t.name] = tier_log_rows(catalog, t, {b: 3 * e // 4 for b, e in ends.items()})
+    lake_read = spark_union.LakeRead.pin(broker.flight_url, client.describe(t.name), client, {})
+    assert (lake_read.files is not None) == (mode == "files")
+    target = pa.schema([pa.field("id", pa.int64(), False), pa.field("amount", pa.float64())])
+    filters = [("amount", ">=", 30.0), ("city", "!=", "Oslo")]
+    parts = lake_read.file_partitions(["id", "amount"], filters)
+    assert len(parts) == 2   # two rounds, one data file each
+    got = pa.Table.from_batches([b for p in parts for b in lake_read.read_files(p, ["id", "amount"], filters, target)],
+                                schema=target)
+    want = t.scan(columns=["id", "amount"], filter=filters, source="lake").to_arrow()
+    assert sort_rows(got, ["id"]) == sort_rows(want, ["id"]) and want.num_rows > 0
