@@ -276,3 +276,22 @@ def test_spark_lake_tasks_read_what_the_client_reads(broker, client, lake, topic
                                 schema=target)
     want = t.scan(columns=["id", "amount"], filter=filters, source="lake").to_arrow()
     assert sort_rows(got, ["id"]) == sort_rows(want, ["id"]) and want.num_rows > 0
+
+
+def test_union_follow_goes_on_with_the_log(client, lake, topic_name):
+    catalog, tables, mode = lake
+    t = make_log_table(client, topic_name, buckets=2)
+    ends = {o.bucket: o.high_watermark for o in t.offsets()}
+    tables[t.name] = tier_log_rows(catalog, t, {b: e // 2 for b, e in ends.items()})
+    seen: list[int] = []
+    it = t.scan(columns=["id"]).follow()
+    appended = False
+    for batch in it:
+        seen += batch.column("id").to_pylist()
+        if len(seen) >= 3000 and not appended:
+            t.append(batch(3000, 3010))   # after the union: only the followed log has these
+            appended = True
+        if len(seen) >= 3010:
+            break
+    it.close()
+    assert sorted(seen) == list(range(3010))   # every row once: lake, log, then the new rows
