@@ -286,8 +286,8 @@ def test_union_follow_goes_on_with_the_log(client, lake, topic_name):
     seen: list[int] = []
     it = t.scan(columns=["id"]).follow()
     appended = False
-    for batch in it:
-        seen += batch.column("id").to_pylist()
+    for got in it:
+        seen += got.column("id").to_pylist()
         if len(seen) >= 3000 and not appended:
             t.append(batch(3000, 3010))   # after the union: only the followed log has these
             appended = True
