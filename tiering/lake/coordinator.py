@@ -200,8 +200,10 @@ class LakeCoordinator:
                 snapshot_id, lake_offsets, _ = lake_catalog.lake_state(lake)
                 start, end = {}, {}
                 for b in table.buckets:
-                    # Offsets retention removed before they were tiered cannot be tiered.
-                    start[b.index] = max(lake_offsets.get(b.index, 0), b.tablet.log_start_offset)
+                    # Offsets retention removed before they were tiered cannot be tiered. The
+                    # bucket's log start, not its local one: offsets held only by remote
+                    # segments are still read (the round's scan stitches them in).
+                    start[b.index] = max(lake_offsets.get(b.index, 0), b.log_start_offset)
                     end[b.index] = max(start[b.index], b.tablet.high_watermark)
                 if all(end[b] == start[b] for b in end):
                     # Nothing new: the lake is as fresh as the table.
@@ -298,7 +300,7 @@ class LakeCoordinator:
             for b in table.buckets:
                 tiered = offsets.get(b.index, 0)
                 buckets.append({"bucket": b.index, "tiered": tiered, "high_watermark": b.tablet.high_watermark,
-                                "lag_records": max(0, b.tablet.high_watermark - max(tiered, b.tablet.log_start_offset))})
+                                "lag_records": max(0, b.tablet.high_watermark - max(tiered, b.log_start_offset))})
             lag_records = sum(b["lag_records"] for b in buckets)
             out.append({"table": table.name, "state": self.state_of(row, now), "snapshot_id": snapshot_id,
                         "committed_ms": committed_ms, "buckets": buckets, "lag_records": lag_records,
