@@ -445,10 +445,17 @@ class PkTableService:
                 kv.remote = self.remote_snapshots(table, kv.bucket.index)  # remote storage turned on since
             if kv.remote is not None and kv.remote_offset is None:
                 kv.remote_offset = await loop.run_in_executor(self.broker.io_executor, _newest_offset, kv)
+            # A snapshot covers only changes that are durable in the changelog: a power loss
+            # could otherwise take back offsets the snapshot holds (and hand them to other
+            # changes). Most of the wait happens before the lock, so writes go on meanwhile;
+            # under the lock at most the appends since then are waited for.
+            group_commit = kv.bucket.group_commit
+            await group_commit.wait_durable(kv.tablet.applied_offset)
             async with kv.lock:
                 unchanged = kv.tablet.applied_offset == kv.snapshot_offset
                 if only_changed and unchanged and (kv.remote is None or kv.remote_offset == kv.snapshot_offset):
                     continue
+                await group_commit.wait_durable(kv.tablet.applied_offset)
                 info = await loop.run_in_executor(self.broker.io_executor, kv.snapshots.take, kv.tablet)
                 kv.snapshot_offset = info.log_offset
                 # Taken under the same lock as the checkpoint: the same rows, the same offset.
@@ -551,6 +558,15 @@ def open_kv_tablet(path: Path, pk: PkTable, bucket: Bucket, snapshots: SnapshotS
     for stale in snapshots.discard_after(end):
         log.warning("KV snapshot %s covers offset %d past the log end %d (lost with unsynced log data); "
                     "deleted", stale.path, stale.log_offset, end)
+    # A bucket created just now (no log, no KV tablet yet) has nothing remote: no store call.
+    if remote is not None and (end > 0 or path.exists()):
+        try:
+            for stale in remote.discard_after(end):
+                log.warning("remote KV snapshot %s covers offset %d past the log end %d (lost with unsynced log "
+                            "data); deleted", stale.prefix, stale.log_offset, end)
+        except Exception as exc:  # noqa: BLE001 - a store that is down: reads stay bounded by the log end
+            log.warning("KV snapshots of %s in the object store cannot be checked against the log end %d: %s; "
+                        "the next upload drops any past it", path, end, exc)
     tablet = None
     if path.exists():
         try:
@@ -1005,36 +1021,72 @@ def with_change_header(headers: pa.Array, change: np.ndarray) -> pa.Array:
 
 # ---------------------------------------------------------------- reads
 
-def lookup(table: Table, keys: pa.Table | pa.RecordBatch | list[dict]) -> pa.Table:
-    """The current rows of the given primary keys (key columns; rows not found left out)."""
+def lookup(table: Table, keys: pa.Table | pa.RecordBatch | list[dict], *,
+           wait_durable: Callable[[Table, dict[int, int]], None]) -> pa.Table:
+    """The current rows of the given primary keys (key columns; rows not found left out).
+
+    Blocking (RocksDB reads): called off the event loop. `wait_durable(table, fence)` blocks
+    until each bucket's changelog is durable up to its fence offset (see `read_fence`)."""
     pk = _state(table)
     keys = _as_table(keys, pk.layout.primary_key)
     pk.layout.check_keys(keys, "key")
     if keys.num_rows == 0:
         return pk.schema.empty_table()
-    ids = pk.bucket_ids(keys)
-    parts = []
-    for b in np.unique(ids):
-        sel = np.flatnonzero(ids == b)
-        table.buckets[int(b)].tablet.check_online()  # an offline bucket's KV may hold unacknowledged rows
-        parts.append(pk.buckets[int(b)].tablet.lookup(keys.take(pa.array(sel))))
-    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    return _read_buckets(table, pk, keys, lambda tablet, part: tablet.lookup(part), wait_durable)
 
 
-def prefix_lookup(table: Table, prefixes: pa.Table | pa.RecordBatch | list[dict]) -> pa.Table:
-    """The current rows whose bucket-key columns (a prefix of the primary key) equal one of `prefixes`."""
+def prefix_lookup(table: Table, prefixes: pa.Table | pa.RecordBatch | list[dict], *,
+                  wait_durable: Callable[[Table, dict[int, int]], None]) -> pa.Table:
+    """The current rows whose bucket-key columns (a prefix of the primary key) equal one of
+    `prefixes`. Blocking, like `lookup`."""
     pk = _state(table)
     prefixes = _as_table(prefixes, pk.layout.bucket_key)
     pk.layout.check_keys(prefixes, "prefix", pk.layout.bucket_key)
     if prefixes.num_rows == 0:
         return pk.schema.empty_table()
-    ids = pk.bucket_ids(prefixes)
+    return _read_buckets(table, pk, prefixes, lambda tablet, part: tablet.prefix_lookup(part), wait_durable)
+
+
+def _read_buckets(table: Table, pk: PkTable, keys: pa.Table, read, wait_durable) -> pa.Table:
+    ids = pk.bucket_ids(keys)
+    buckets = np.unique(ids).tolist()
     parts = []
-    for b in np.unique(ids):
+    for b in buckets:
         sel = np.flatnonzero(ids == b)
-        table.buckets[int(b)].tablet.check_online()  # an offline bucket's KV may hold unacknowledged rows
-        parts.append(pk.buckets[int(b)].tablet.prefix_lookup(prefixes.take(pa.array(sel))))
+        table.buckets[b].tablet.check_online()  # an offline bucket's KV may hold unacknowledged rows
+        parts.append(read(pk.buckets[b].tablet, keys.take(pa.array(sel))))
+    # The fence is taken after the reads: every row they saw was appended before it.
+    fence = read_fence(table, buckets)
+    if fence:
+        wait_durable(table, fence)
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
+def read_fence(table: Table, buckets: list[int]) -> dict[int, int]:
+    """What must be durable before rows just read from the buckets' KV tablets are given out.
+
+    RocksDB is written right after the changelog append, before the append's fsync, so
+    under flush policy ``ack`` a read may see rows a power loss would take back. The fence
+    is each bucket's log end at the end of the read (the append of every row read precedes
+    it; RocksDB's own applied offset is set after its rows are readable, so it cannot serve);
+    buckets already durable that far are left out. Under ``none`` and ``interval`` readers
+    see the log end, as in Kafka: no fence."""
+    fence = {}
+    for b in buckets:
+        bucket = table.buckets[b]
+        if bucket.tablet.config.flush_policy is not FlushPolicy.ACK:
+            continue
+        end = bucket.tablet.log_end_offset
+        if bucket.group_commit.durable_offset < end:
+            fence[b] = end
+    return fence
+
+
+async def await_fence(table: Table, fence: dict[int, int]) -> None:
+    """On the loop: wait until every bucket of `fence` is durable up to its offset; the
+    group commit already running for the appends gives it (StorageError when it fails:
+    the bucket is then offline and the rows read are not given out)."""
+    await asyncio.gather(*(table.buckets[b].group_commit.wait_durable(offset) for b, offset in fence.items()))
 
 
 def _as_table(data, columns: list[str]) -> pa.Table:
@@ -1057,7 +1109,9 @@ def remote_snapshot(bucket: Bucket) -> dict | None:
     remote = kv.remote or _service().remote_snapshots(bucket.table, bucket.index)
     if remote is None:
         return None
-    snap = remote.latest()
+    # Never one past what readers may see (a snapshot a power loss outdated whose discard
+    # could not reach the store): its offsets may since belong to other changes.
+    snap = remote.latest(max_offset=bucket.tablet.high_watermark)
     return {"store": remote.store.public_description(), "snapshot": snap.to_json() if snap else None}
 
 

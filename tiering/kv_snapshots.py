@@ -112,8 +112,11 @@ class RemoteKvSnapshots:
                scratch: Path) -> RemoteKvSnapshot:
         """Store a local checkpoint (`checkpoint/` holds RocksDB's files) and its rows, then
         commit it in the manifest. `scratch` is a local folder for the Parquet file."""
-        existing = self.list()
-        snapshot_id = existing[-1].snapshot_id + 1 if existing else 1
+        listed = self.list()
+        snapshot_id = listed[-1].snapshot_id + 1 if listed else 1
+        # Snapshots covering more than this one are from offsets a power loss took back (a
+        # discard on open that could not reach the store): they go with this commit.
+        existing = [s for s in listed if s.log_offset <= log_offset]
         prefix = f"{self.prefix}/{snapshot_id}-{uuid.uuid4().hex[:12]}"
         files = []
         for path in sorted(p for p in Path(checkpoint).rglob("*") if p.is_file()):
@@ -137,6 +140,18 @@ class RemoteKvSnapshots:
         self.store.replace(self.manifest_key, json.dumps({"snapshots": [s.to_json() for s in kept]}).encode())
         self.collect_garbage(kept)
         return snap
+
+    def discard_after(self, offset: int) -> list[RemoteKvSnapshot]:
+        """Drop the snapshots covering changes past `offset` (a log end that went back: after
+        a power loss those offsets are given to other changes) from the manifest, then their
+        objects; returns what was dropped."""
+        listed = self.list()
+        kept = [s for s in listed if s.log_offset <= offset]
+        if len(kept) == len(listed):
+            return []
+        self.store.replace(self.manifest_key, json.dumps({"snapshots": [s.to_json() for s in kept]}).encode())
+        self.collect_garbage(kept)
+        return [s for s in listed if s.log_offset > offset]
 
     def collect_garbage(self, kept: list[RemoteKvSnapshot] | None = None) -> int:
         """Delete every object of this bucket no committed snapshot lists (dropped snapshots,

@@ -4,7 +4,9 @@ An upsert or delete is a `DoPut` whose descriptor command is JSON `{"table", "op
 "upsert"|"delete", "columns": [...] | null}` (`columns`: a partial update's target
 columns); each batch is acknowledged with `{"written": [[bucket, base_offset, rows], ...]}`
 once durable. Lookups are actions whose body carries the keys as base64 Arrow IPC and
-whose result is an Arrow IPC stream of the rows found.
+whose result is an Arrow IPC stream of the rows found; under flush policy `ack` a lookup
+answers once the changelog of the rows it read is durable (a power loss cannot take back
+what it returned).
 """
 from __future__ import annotations
 
@@ -101,10 +103,14 @@ def do_action(server, kind: str, body: dict) -> list[flight.Result] | None:
     if kind not in ACTIONS:
         return None
     table = server._table(body.get("table"))
+    # Lookups read RocksDB on this Flight thread; only a wait for durability goes to the loop.
+    wait_durable = functools.partial(server._on_loop, pk_tables.await_fence)
     if kind == LOOKUP:
-        return [flight.Result(ipc_bytes(pk_tables.lookup(table, _arrow_body(body, "keys"))))]
+        rows = pk_tables.lookup(table, _arrow_body(body, "keys"), wait_durable=wait_durable)
+        return [flight.Result(ipc_bytes(rows))]
     if kind == PREFIX_LOOKUP:
-        return [flight.Result(ipc_bytes(pk_tables.prefix_lookup(table, _arrow_body(body, "prefixes"))))]
+        rows = pk_tables.prefix_lookup(table, _arrow_body(body, "prefixes"), wait_durable=wait_durable)
+        return [flight.Result(ipc_bytes(rows))]
     if kind == KV_SNAPSHOT:
         infos = server._on_loop(pk_tables.snapshot, table)
         return [flight.Result(json.dumps([i.to_json() for i in infos]).encode())]
