@@ -212,6 +212,9 @@ class _ReadOnlyTablet:
     def append(self, *args, **kwargs):
         raise ReadOnlyTableError("the changelog topic of a primary-key table is read-only")
 
+    def advance_log_start(self, offset: int) -> int:
+        raise ReadOnlyTableError("the changelog topic of a primary-key table is read-only")
+
     def close(self) -> None:
         pass
 
@@ -869,6 +872,14 @@ def check_producible(table: Table) -> None:
     if isinstance(table, ChangelogTable):
         raise ReadOnlyTableError(f"{table.name} is the read-only changelog of table {table.source.name}; "
                                  "produce to the table itself")
+
+
+def check_records_deletable(table: Table) -> None:
+    """Refuse DeleteRecords on a changelog topic (ReadOnlyTableError): its log is the table's,
+    local and remote, and a view must not move the table's log start."""
+    if isinstance(table, ChangelogTable):
+        raise ReadOnlyTableError(f"{table.name} is the read-only changelog of table {table.source.name}; "
+                                 "records cannot be deleted through it")
 
 
 def to_write(bucket: Bucket, wire: memoryview, header: BatchHeader, *,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 
+from fluvial.broker import pk_tables
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.errors import FluvialError, InvalidConfigError, InvalidPartitionsError, OffsetOutOfRangeError
 from fluvial.protocol.errors import ErrorCode
@@ -114,7 +115,9 @@ async def delete_records(ctx: RequestContext, request):
         parts = []
         for p in t.partitions:
             try:
-                bucket = ctx.broker.tables.get(t.name).bucket(p.partition_index)
+                table = ctx.broker.tables.get(t.name)
+                pk_tables.check_records_deletable(table)
+                bucket = table.bucket(p.partition_index)
                 tablet = bucket.tablet
                 target = tablet.high_watermark if p.offset == HIGH_WATERMARK else p.offset
                 if not 0 <= target <= tablet.high_watermark:
