@@ -123,11 +123,6 @@ class KafkaServer:
                 await sender
             except (asyncio.CancelledError, Exception):
                 pass
-            while not outbox.empty():
-                # Responses never sent (the sender was cancelled or stopped on an error).
-                left = outbox.get_nowait()
-                if asyncio.iscoroutine(left):
-                    left.close()
             writer.close()
             self._connections.pop(task, None)
 
@@ -184,11 +179,7 @@ class KafkaServer:
         if result is None:
             return None
         if isinstance(result, Deferred):
-            # Not a task of its own: the sender awaits it when the responses before it are
-            # written (it could not be sent earlier anyway), which saves a task and its
-            # scheduling per produce request. The work it waits for (the group-commit
-            # fsync) was started by the append.
-            return self._complete(header, result.awaitable)
+            return asyncio.ensure_future(self._complete(header, result.awaitable))
         if isinstance(result, EncodedResponse):
             # Framed by the handler (Fetch): written as chunks, the record batches uncopied.
             return result.chunks
@@ -209,19 +200,23 @@ class KafkaServer:
             item = await outbox.get()
             if item is None:
                 return
-            if isinstance(item, list):
-                writer.writelines(item)
-            else:
-                if not isinstance(item, (bytes, bytearray)):
-                    try:
-                        item = await item
-                    except Exception:
-                        log.exception("deferred response for %s failed; closing", conn.peer)
-                        writer.close()
-                        return
-                if item is not None:
+            if not isinstance(item, (list, bytes, bytearray)):
+                try:
+                    item = await item
+                except Exception:
+                    log.exception("deferred response for %s failed; closing", conn.peer)
+                    writer.close()
+                    return
+            # A client gone with requests still in flight: its answers are dropped here
+            # (asyncio would log a warning for every write) and the sender goes on to the
+            # end of the queue, so the reader never waits on a full one.
+            closing = writer.transport.is_closing()
+            if item is not None and not closing:
+                if isinstance(item, list):
+                    writer.writelines(item)
+                else:
                     writer.write(item)
             conn.in_progress -= 1
             conn.last_active = loop.time()
-            if outbox.empty() or writer.transport.get_write_buffer_size() > (4 << 20):
+            if not closing and (outbox.empty() or writer.transport.get_write_buffer_size() > (4 << 20)):
                 await writer.drain()
