@@ -202,22 +202,34 @@ def _tiering_rows() -> list[Row]:
 def _lake_rows() -> list[Row]:
     rows: list[Row] = []
     lake = _load("lake.json")
-    if lake:
-        for key, value in (_get(lake, "figures") or {}).items():
-            rows.append((f"lake: {key}", str(value), _get(lake, "setup") or "", "bench_lake.py"))
-    else:
-        rows.append(("lake freshness lag and tiering rows/s", "not measured", "", "bench_lake.py"))
-    union = _load("union_read_1m.json")
-    if union:
+    load = f"load {_load_text(lake, 'loadavg_start')}–{_load_text(lake, 'loadavg_end')}"
+    for engine in ("spark", "native"):
+        fresh = _get(lake, f"freshness-{engine}")
+        rows.append((f"lake freshness lag at {_get(fresh, 'rate') or 10000:,} rec/s ({engine} tiering)",
+                     "not measured" if not fresh else
+                     f"p50 {fresh['lag_p50_s']:.1f} s, p99 {fresh['lag_p99_s']:.1f} s, max {fresh['lag_max_s']:.1f} s",
+                     f"freshness {_get(fresh, 'freshness_s')} s, {_get(fresh, 'seconds')} s of produce; {load}",
+                     "bench_lake.py"))
+    for key, label in (("spark-tasks", "Spark local[2], tasks read with the native client"),
+                       ("spark-source", "Spark local[2], tasks read through format(\"fluvial\")"),
+                       ("native", "in-process round")):
+        entry = _get(lake, key)
+        rows.append((f"lake tiering throughput ({label})",
+                     "not measured" if not entry else f"{entry['median_rows_per_s']:,.0f} rows/s "
+                     f"(runs {', '.join(f'{r:,.0f}' for r in entry.get('runs', []))})",
+                     f"{_get(entry, 'rows') or 0:,} rows; {load}", "bench_lake.py"))
+    for name in ("union_read_1m.json", "union_read.json"):
+        union = _load(name)
+        if not union:
+            continue
         client = _get(union, "client_union_2_columns", "seconds")
         spark = _get(union, "spark_union_2_columns", "seconds")
-        kafka = _get(union, "spark_kafka_source_2_columns", "seconds") or _get(union, "kafka_source_2_columns", "seconds")
-        value = f"client {client} s, Spark union {spark} s"
-        if kafka:
-            value += f", Spark Kafka source + from_avro {kafka} s ({kafka / spark:.1f}x)"
-        rows.append(("union read of 2 of 20 columns", value,
-                     f"{_get(union, 'table', 'rows'):,} rows ({_get(union, 'table', 'tiered_rows'):,} in the lake)",
-                     "bench_union_read.py"))
+        kafka = _get(union, "kafka_source_from_avro", "seconds")
+        loads = _get(union, "load_average_1_5_15") or {}
+        rows.append(("union read of 2 of 20 columns: Spark format(\"fluvial\") vs Spark Kafka source + from_avro",
+                     f"{spark} s vs {kafka} s ({kafka / spark:.1f}x); native client {client} s",
+                     f"{_get(union, 'table', 'rows'):,} rows ({_get(union, 'table', 'tiered_rows'):,} in the lake); "
+                     f"load {_load_text(loads, 'before')}–{_load_text(loads, 'after')}", "bench_union_read.py"))
     return rows
 
 
