@@ -452,6 +452,8 @@ class PkTableService:
             # could otherwise take back offsets the snapshot holds (and hand them to other
             # changes). Most of the wait happens before the lock, so writes go on meanwhile;
             # under the lock at most the appends since then are waited for.
+            if only_changed and kv.bucket.tablet.failure is not None:
+                continue  # offline (logged when it failed): the periodic round goes on with the others
             group_commit = kv.bucket.group_commit
             await group_commit.wait_durable(kv.tablet.applied_offset)
             async with kv.lock:

@@ -129,3 +129,37 @@ def test_missing_or_corrupt_objects_are_clear_errors(store, tmp_path):
         remote.list()
     store.replace(remote.manifest_key, json.dumps({"snapshots": []}).encode())
     assert remote.latest() is None
+
+
+def test_snapshots_past_a_log_end_that_went_back_are_dropped(store, tmp_path):
+    tablet = open_tablet(tmp_path / "kv")
+    local = SnapshotStore(tmp_path / "snaps")
+    remote = RemoteKvSnapshots(store, "kv/t-back/0", retain=3)
+    write(tablet, range(100), 1, 10)
+    first = upload(tablet, local, remote, tmp_path / "scratch")
+    write(tablet, range(50), 2, 20)
+    second = upload(tablet, local, remote, tmp_path / "scratch")
+    assert remote.discard_after(20) == []
+    # The log came back at offset 15: the second snapshot's offsets belong to other changes.
+    assert [s.snapshot_id for s in remote.discard_after(15)] == [second.snapshot_id]
+    assert [s.snapshot_id for s in remote.list()] == [first.snapshot_id]
+    assert not [k for k in store.list("kv/t-back/0/") if k.startswith(second.prefix + "/")]
+    assert remote.latest().log_offset == 10
+
+
+def test_an_upload_drops_snapshots_covering_more_than_it(store, tmp_path):
+    """A discard that could not reach the store is done by the next upload: a manifest's
+    offsets only grow."""
+    tablet = open_tablet(tmp_path / "kv")
+    local = SnapshotStore(tmp_path / "snaps")
+    remote = RemoteKvSnapshots(store, "kv/t-grow/0", retain=3)
+    write(tablet, range(100), 1, 30)
+    stale = upload(tablet, local, remote, tmp_path / "scratch")
+    tablet.close()
+    # After a power loss the log ends at 12; the KV tablet is rebuilt and goes on from there.
+    tablet = open_tablet(tmp_path / "kv2")
+    write(tablet, range(10), 7, 12)
+    fresh = upload(tablet, local, remote, tmp_path / "scratch")
+    assert fresh.snapshot_id > stale.snapshot_id
+    assert [s.log_offset for s in remote.list()] == [12]
+    assert not [k for k in store.list("kv/t-grow/0/") if k.startswith(stale.prefix + "/")]
