@@ -89,8 +89,9 @@ def test_broker_killed_at_each_step_of_its_own_tiering(fresh_broker, monkeypatch
     broker = fresh_broker("--lake-lease-ms", "1000")
     with fc.connect(broker.flight_url) as client:
         tables = Tables(client)
-    # Either side of the lake commit (the job test covers every step; a broker start costs seconds).
-    for step in ("after_write", "after_commit"):
+    # Every step of a round: before anything is written, with data files written but not
+    # committed, committed but not reported, and just before the report.
+    for step in STEPS:
         # Written while the broker does not tier, so that its next start has a round to do.
         broker.extra_args = ["--lake-lease-ms", "1000"]
         broker.restart()

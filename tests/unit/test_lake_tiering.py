@@ -122,3 +122,37 @@ def test_composite_key_round(lake):
     got = {(r["a"], r["b"]): r["v"] for r in lake.load_table(("fluvial", "ck")).scan().to_arrow().to_pylist()}
     assert len(got) == n - 1 and (1, "x") not in got
     assert all(got[(a, "x")] == (1 if a % 2 == 0 else 0) for a, _ in got)
+
+
+def test_round_schedule_keeps_the_worst_lag_under_the_freshness():
+    from fluvial.tiering.lake.coordinator import SCHEDULE_MARGIN_MS, next_round_start_ms, smoothed_round_ms
+
+    fresh = 30_000
+    # The rule itself: freshness - 2 x smoothed duration - margin after the last start.
+    assert next_round_start_ms(100_000, fresh, 4_000) == 100_000 + fresh - 8_000 - SCHEDULE_MARGIN_MS
+    assert next_round_start_ms(100_000, fresh, None) == 100_000 + fresh - SCHEDULE_MARGIN_MS
+    # Rounds as long as the freshness: never closer than a tenth of it.
+    assert next_round_start_ms(100_000, fresh, 20_000) == 100_000 + 3_000
+    assert next_round_start_ms(0, 1, 500) == 0
+    # Smoothing: a slower round counts at once, a faster one pulls the estimate down gradually.
+    assert smoothed_round_ms(None, 3_000) == 3_000
+    assert smoothed_round_ms(3_000, 6_000) == 6_000
+    assert smoothed_round_ms(6_000, 1_000) == 4_500
+    assert smoothed_round_ms(4_500, 1_000) == 3_450
+
+    # Simulated rounds of 1 to 6 s, each at most twice the smoothed duration of the rounds
+    # before it (a round suddenly three times slower than usual is not covered); the job picks a due table up within its 0.5 s poll. A row appended just after
+    # a round fixed its end offsets is committed when the next round ends.
+    rng = np.random.default_rng(7)
+    durations = [3_000]
+    smoothed = [smoothed_round_ms(None, 3_000)]
+    for _ in range(500):
+        durations.append(int(np.clip(rng.uniform(0.5, 2.0) * smoothed[-1], 1_000, min(6_000, 2 * smoothed[-1]))))
+        smoothed.append(smoothed_round_ms(smoothed[-1], durations[-1]))
+    starts = [0]
+    for i in range(len(durations) - 1):
+        starts.append(next_round_start_ms(starts[i], fresh, smoothed[i]) + int(rng.uniform(0, 500)))
+    worst = max(starts[i + 1] + durations[i + 1] - starts[i] for i in range(len(starts) - 1))
+    assert worst <= fresh
+    # The schedule is not needlessly eager either: rounds are spaced well apart.
+    assert min(b - a for a, b in zip(starts, starts[1:])) > fresh // 4

@@ -64,6 +64,36 @@ def freshness_ms(table) -> int:
     return parse_duration_ms(table.configs.get("fluvial.lake.freshness", "30s"))
 
 
+# Scheduling margin on top of twice the smoothed round duration: covers the job's poll
+# interval (it acquires up to one poll after a table is due) and the produce-to-visible delay.
+SCHEDULE_MARGIN_MS = 1000
+# Weight of the newest round in the smoothed round duration (which rises at once to a slower
+# round and decays by this weight towards faster ones).
+ROUND_SMOOTHING = 0.3
+
+
+def smoothed_round_ms(previous: int | None, last: int) -> int:
+    """The round duration the schedule plans with: a slower round counts at once (one slow
+    round means the next may be slow too), faster ones pull it down gradually."""
+    if previous is None:
+        return last
+    return max(last, int(round((1 - ROUND_SMOOTHING) * previous + ROUND_SMOOTHING * last)))
+
+
+def next_round_start_ms(started_ms: int, freshness: int, round_ms: int | None) -> int:
+    """When the round after one that started at `started_ms` is due.
+
+    A row appended just after a round fixed its end offsets is committed by the next round,
+    so its lag is (next start - this start) + the next round's duration + the job's poll
+    delay. Starting `freshness - 2 x smoothed duration - margin` after this start keeps that
+    under the freshness even when the next round takes up to twice as long as usual. Rounds
+    never follow closer than a tenth of the freshness (a freshness shorter than the rounds
+    means back-to-back rounds, which is what it asks for).
+    """
+    gap = freshness - 2 * (round_ms or 0) - SCHEDULE_MARGIN_MS
+    return started_ms + max(gap, freshness // 10)
+
+
 def table_shape(table) -> tuple[Any, list[str] | None, bool]:
     """(user Arrow schema, primary key or None, raw) of a broker table."""
     from fluvial.broker.flight.catalog import is_typed, user_schema
@@ -176,12 +206,9 @@ class LakeCoordinator:
             return row.lease_expires_ms if (row.lease_expires_ms or 0) < now else None
         if row.state == FAILED:
             return row.updated_ms + freshness_ms(table)
-        # Freshness is the target lag: a row written just after a round started waits for the
-        # next round to end. So the next round starts `freshness - last round's duration` after
-        # the last one started (at least a tenth of the freshness later).
-        fresh = freshness_ms(table)
+        # Freshness is the target lag: see next_round_start_ms.
         started = row.started_ms if row.started_ms is not None else (row.tiered_ms or 0)
-        return started + max(fresh - (row.round_ms or 0), fresh // 10)
+        return next_round_start_ms(started, freshness_ms(table), row.round_ms)
 
     def acquire(self, job: str, only: list[str] | None = None) -> dict | None:
         """`lake-acquire`: the most overdue lake table with new rows, leased to `job`; None if none is due."""
@@ -268,7 +295,7 @@ class LakeCoordinator:
                              "snapshot_id = ?, offsets = ?, tiered_ms = ?, error = NULL, rounds = rounds + 1, "
                              "updated_ms = ?, round_ms = ? WHERE name = ?",
                              (TIERED, current_id, lake_catalog.offsets_json(current), now, now,
-                              now - (row.started_ms or now), name))
+                              smoothed_round_ms(row.round_ms, now - (row.started_ms or now)), name))
             return {"state": TIERED, "snapshot_id": current_id}
 
     def fail(self, name: str, lease_id: str, error: str) -> dict:
