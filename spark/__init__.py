@@ -4,6 +4,7 @@
 >>> spark = SparkSession.builder.config("spark.jars", ",".join(fluvial.spark.kafka_jars())).getOrCreate()
 >>> fluvial.spark.register(spark)
 >>> spark.read.format("fluvial").option("url", "grpc://127.0.0.1:8815").option("table", "orders").load()
+>>> fluvial.spark.read_table(spark, "orders", url="grpc://127.0.0.1:8815", columns=["id", "amount"])
 """
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ from fluvial.spark.kafka_jars import KafkaJarsError, kafka_jars
 
 # Spark 4.1's switch for handing filters to a Python data source's pushFilters.
 FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+def read_table(spark: Any, name: str, **kwargs: Any) -> Any:
+    """A table as one DataFrame; lake-enabled log tables read their lake snapshot with Spark's
+    Parquet reader (see `fluvial.spark.tables.read_table` for the arguments)."""
+    from fluvial.spark.tables import read_table as _read_table
+
+    return _read_table(spark, name, **kwargs)
 
 
 def register(spark: Any) -> None:
@@ -34,4 +43,4 @@ def _spark_at_least(version: str, wanted: tuple[int, int]) -> bool:
     return tuple(parts) >= wanted
 
 
-__all__ = ["FILTER_PUSHDOWN_CONF", "KafkaJarsError", "kafka_jars", "register"]
+__all__ = ["FILTER_PUSHDOWN_CONF", "KafkaJarsError", "kafka_jars", "read_table", "register"]

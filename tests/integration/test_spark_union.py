@@ -114,3 +114,101 @@ def test_spark_union_of_pk_table_is_its_current_rows(spark, lake_broker):
         assert sort_rows(got, ["k"]) == expected
         # without `source` a primary-key table reads its changelog, as the client does
         assert read(spark, lake_broker, name).count() > len(expected)
+
+
+# -- fluvial.spark.read_table: the lake snapshot through Spark's own Parquet reader ------------
+
+def fields(df) -> list[tuple[str, str]]:
+    return [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
+
+
+def test_read_table_equals_kafka_and_format_fluvial(spark, lake_broker):
+    name = f"rt-{uuid.uuid4().hex[:8]}"
+    with connect(lake_broker.flight_url) as client:
+        client.create_table(name, SCHEMA, buckets=2, configs=LAKE)
+        produce_json(lake_broker, name, range(0, 1500), 2)
+        tier(lake_broker, name)
+        produce_json(lake_broker, name, range(1500, 1800), 2)
+        expected = kafka_rows(lake_broker, name)
+        url = lake_broker.flight_url
+
+        df = fluvial.spark.read_table(spark, name, url=url, include_metadata=True)
+        via_source = read(spark, lake_broker, name, includeMetadata="true")
+        assert fields(df) == fields(via_source)
+        # The lake side is Spark's Parquet scan, not the Python data source.
+        assert "parquet" in df._jdf.queryExecution().executedPlan().toString().lower()
+        got = sorted(({k: r[k] for k in ("id", "city", "amount", "_bucket", "_offset")} for r in rows(df)),
+                     key=lambda r: (r["_bucket"], r["_offset"]))
+        assert got == expected
+        assert sort_rows(df.toArrow(), ["_bucket", "_offset"]) == sort_rows(via_source.toArrow(), ["_bucket", "_offset"])
+
+        # projection and a filter on a column not returned
+        df = fluvial.spark.read_table(spark, name, url=url, columns=["id"],
+                                      filter="amount >= 500 AND city != 'Lima'")
+        assert fields(df) == [("id", "bigint")]
+        want = sorted(r["id"] for r in expected if r["amount"] >= 500 and r["city"] not in (None, "Lima"))
+        assert sorted(r["id"] for r in rows(df)) == want
+        from pyspark.sql import functions as F
+        df = fluvial.spark.read_table(spark, name, url=url, columns=["id", "_change"], filter=F.col("_offset") < 10)
+        assert sorted(r["id"] for r in rows(df)) == sorted(r["id"] for r in expected if r["_offset"] < 10)
+        assert {r["_change"] for r in rows(df)} == {0}
+
+        assert fluvial.spark.read_table(spark, name, url=url, source="lake").count() == 1500
+        # reads from offsets go through format("fluvial"): same rows
+        part = fluvial.spark.read_table(spark, name, url=url, columns=["_bucket", "_offset"],
+                                        startingOffsets='{"0": 100, "1": 0}', endingOffsets='{"0": 500, "1": 50}')
+        assert sorted((r["_bucket"], r["_offset"]) for r in rows(part)) == \
+            [(0, o) for o in range(100, 500)] + [(1, o) for o in range(50)]
+        with pytest.raises(Exception, match="no column"):
+            fluvial.spark.read_table(spark, name, url=url, columns=["nope"])
+
+
+def test_read_table_casts_lake_types_to_the_source_schema(spark, lake_broker):
+    """Narrow integers (int32 in the lake), millisecond timestamps (microseconds in the lake),
+    dates, decimals: the same columns and values as format("fluvial")."""
+    import datetime as dt
+    import decimal
+
+    schema = pa.schema([pa.field("id", pa.int64(), False), ("small", pa.int16()), ("tiny", pa.int8()),
+                        ("at", pa.timestamp("ms", tz="UTC")), ("local", pa.timestamp("ms")), ("day", pa.date32()),
+                        ("price", pa.decimal128(10, 2)), ("u", pa.uint32()), ("tags", pa.list_(pa.string()))])
+    name = f"rtt-{uuid.uuid4().hex[:8]}"
+
+    def batch(lo: int, hi: int) -> pa.Table:
+        ids = list(range(lo, hi))
+        base = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+        return pa.table({
+            "id": ids, "small": [i % 30000 - 15000 for i in ids], "tiny": [None if i % 7 == 0 else i % 100 for i in ids],
+            "at": [base + dt.timedelta(milliseconds=i * 1234) for i in ids],
+            "local": [dt.datetime(2026, 5, 1) + dt.timedelta(milliseconds=i) for i in ids],
+            "day": [dt.date(2026, 1, 1) + dt.timedelta(days=i % 400) for i in ids],
+            "price": [decimal.Decimal(i) / 100 for i in ids], "u": [4_000_000_000 + i for i in ids],
+            "tags": [["a", str(i)] if i % 3 else None for i in ids]}, schema=schema)
+
+    with connect(lake_broker.flight_url) as client:
+        t = client.create_table(name, schema, buckets=2, configs=LAKE)
+        t.append(batch(0, 800))
+        tier(lake_broker, name)
+        t.append(batch(800, 1000))
+        df = fluvial.spark.read_table(spark, name, url=lake_broker.flight_url)
+        via_source = read(spark, lake_broker, name)
+        assert fields(df) == fields(via_source)
+        assert sort_rows(df.toArrow(), ["id"]) == sort_rows(via_source.toArrow(), ["id"])
+        assert df.count() == 1000
+
+
+def test_read_table_of_pk_and_plain_tables_goes_through_the_source(spark, lake_broker):
+    schema = pa.schema([pa.field("k", pa.int64(), False), ("v", pa.string())])
+    name = f"rtp-{uuid.uuid4().hex[:8]}"
+    with connect(lake_broker.flight_url) as client:
+        t = client.create_table(name, schema, buckets=2, primary_key=["k"], configs=LAKE)
+        t.upsert(pa.table({"k": list(range(100)), "v": ["a"] * 100}, schema=schema))
+        tier(lake_broker, name)
+        t.upsert(pa.table({"k": list(range(50, 120)), "v": ["b"] * 70}, schema=schema))
+        expected = sort_rows(t.lookup([{"k": k} for k in range(200)]), ["k"])
+        got = fluvial.spark.read_table(spark, name, url=lake_broker.flight_url, source="union")
+        assert sort_rows(got.toArrow(), ["k"]) == expected
+        plain = f"rtn-{uuid.uuid4().hex[:8]}"
+        client.create_table(plain, SCHEMA, buckets=1)
+        produce_json(lake_broker, plain, range(0, 40), 1)
+        assert fluvial.spark.read_table(spark, plain, url=lake_broker.flight_url, columns=["id"]).count() == 40
