@@ -7,7 +7,8 @@ Avro on the Kafka path and `fluvial.lake.enable=true` is filled through the nati
 the real tiering round (the broker's coordinator, pyiceberg writing Parquet) copies it into
 its Iceberg table, then a live tail (--tail rows) is appended that only the broker holds.
 One Spark session (local[2]) runs `SELECT sum(a), count(b)` over: the union read of the 2
-columns, the same through Spark's Kafka source decoding every value with from_avro, and
+columns, the same through `fluvial.spark.read_table` (lake files read by Spark's Parquet
+reader, the log after them by format("fluvial")), the same through Spark's Kafka source decoding every value with from_avro, and
 (for reference) the log-only native read. The client's own union read (no Spark) is timed
 too. Wall-clock medians of --runs runs after one warm-up; results must agree.
 
@@ -65,6 +66,17 @@ def client_union(table: fc.Table, runs: int) -> tuple[dict, tuple]:
     for _ in range(runs):
         t0 = time.perf_counter()
         result = once()
+        times.append(time.perf_counter() - t0)
+    return {"seconds": round(statistics.median(times), 3), "runs": [round(t, 3) for t in times]}, result
+
+
+def timed_fn(query, runs: int) -> tuple[dict, tuple]:
+    """Like bench_spark.timed, for a read built in Python per run."""
+    query()  # warm-up
+    times, result = [], None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        result = query()
         times.append(time.perf_counter() - t0)
     return {"seconds": round(statistics.median(times), 3), "runs": [round(t, 3) for t in times]}, result
 
@@ -141,12 +153,20 @@ def main() -> None:
 
             union2, r1 = timed(spark, QUERY.format(view="union2"), args.runs)
             print("format('fluvial') union read, 2 columns:", union2, r1)
+
+            def read_table_query() -> tuple:
+                # Planned per run (lake snapshot pinned, files listed), as format("fluvial") is.
+                df = fluvial.spark.read_table(spark, TABLE, url=broker.flight_url, columns=["a", "b"])
+                return tuple(df.agg(F.sum("a"), F.count("b")).collect()[0])
+
+            parquet2, r4 = timed_fn(read_table_query, args.runs)
+            print("fluvial.spark.read_table (Spark Parquet reader + log), 2 columns:", parquet2, r4)
             log2, r2 = timed(spark, QUERY.format(view="log2"), args.runs)
             print("format('fluvial') log-only read, 2 columns:", log2, r2)
             kafka, r3 = timed(spark, QUERY.format(view="kafka_avro"), args.runs)
             print("format('kafka') + from_avro:", kafka, r3)
             want = (expected_sum, expected_count)
-            assert r0 == r1 == r2 == r3 == want, (r0, r1, r2, r3, want)
+            assert r0 == r1 == r2 == r3 == r4 == want, (r0, r1, r2, r3, r4, want)
             spark_version = spark.version
             client.close()
         finally:
@@ -166,10 +186,13 @@ def main() -> None:
         "client_union_2_columns": native_client,
         "spark_union_2_columns": union2,
         "spark_log_only_2_columns": log2,
+        "spark_read_table_2_columns": parquet2,
         "kafka_source_from_avro": kafka,
         "result": {"sum_a": expected_sum, "count_b": expected_count},
         "ratios": {"kafka_from_avro_vs_union_2col": round(kafka["seconds"] / union2["seconds"], 1),
-                   "log_only_vs_union_2col": round(log2["seconds"] / union2["seconds"], 2)},
+                   "log_only_vs_union_2col": round(log2["seconds"] / union2["seconds"], 2),
+                   "kafka_from_avro_vs_read_table_2col": round(kafka["seconds"] / parquet2["seconds"], 1),
+                   "union_vs_read_table_2col": round(union2["seconds"] / parquet2["seconds"], 1)},
         "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],
                                 "after": [round(x, 2) for x in os.getloadavg()]},
         "notes": "Wall-clock per query on one machine (broker and Spark local[2] share it); median of "

@@ -230,6 +230,13 @@ def _lake_rows() -> list[Row]:
                      f"{spark} s vs {kafka} s ({kafka / spark:.1f}x); native client {client} s",
                      f"{_get(union, 'table', 'rows'):,} rows ({_get(union, 'table', 'tiered_rows'):,} in the lake); "
                      f"load {_load_text(loads, 'before')}–{_load_text(loads, 'after')}", "bench_union_read.py"))
+        parquet = _get(union, "spark_read_table_2_columns", "seconds")
+        if parquet:
+            rows.append(("union read of 2 of 20 columns: fluvial.spark.read_table (Spark Parquet reader + log) "
+                         "vs Spark Kafka source + from_avro",
+                         f"{parquet} s vs {kafka} s ({kafka / parquet:.1f}x)",
+                         f"{_get(union, 'table', 'rows'):,} rows ({_get(union, 'table', 'tiered_rows'):,} in the lake); "
+                         f"load {_load_text(loads, 'before')}–{_load_text(loads, 'after')}", "bench_union_read.py"))
     return rows
 
 
