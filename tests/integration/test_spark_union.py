@@ -212,3 +212,36 @@ def test_read_table_of_pk_and_plain_tables_goes_through_the_source(spark, lake_b
         client.create_table(plain, SCHEMA, buckets=1)
         produce_json(lake_broker, plain, range(0, 40), 1)
         assert fluvial.spark.read_table(spark, plain, url=lake_broker.flight_url, columns=["id"]).count() == 40
+
+
+def test_read_table_after_a_column_is_added(spark, lake_broker):
+    """Lake files written before a column existed read it as null through Spark's reader."""
+    import json
+    import urllib.request
+
+    name = f"rte-{uuid.uuid4().hex[:8]}"
+    with connect(lake_broker.flight_url) as client:
+        t = client.create_table(name, SCHEMA, buckets=2, kafka_format="avro", configs=LAKE)
+        t.append(pa.table({"id": list(range(100)), "city": ["Oslo"] * 100, "amount": [1.0] * 100}, schema=SCHEMA))
+        tier(lake_broker, name)
+        url = f"{lake_broker.http_url}/subjects/{name}-value/versions"
+        with urllib.request.urlopen(url + "/latest") as resp:
+            avro = json.loads(json.loads(resp.read())["schema"])
+        avro["fields"].append({"name": "note", "type": ["null", "string"], "default": None})
+        req = urllib.request.Request(url, data=json.dumps({"schema": json.dumps(avro)}).encode(),
+                                     headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+        urllib.request.urlopen(req).read()
+        t = client.table(name)
+        t.append(pa.table({"id": list(range(100, 150)), "city": ["Lima"] * 50, "amount": [2.0] * 50,
+                           "note": [f"n{i}" for i in range(50)]}))
+        tier(lake_broker, name)          # the lake table gains the column; old files lack it
+        t.append(pa.table({"id": [150], "city": ["Pune"], "amount": [3.0], "note": ["live"]}))
+        df = fluvial.spark.read_table(spark, name, url=lake_broker.flight_url, columns=["id", "note"])
+        assert fields(df) == fields(read(spark, lake_broker, name, columns="id,note"))
+        notes = {r["id"]: r["note"] for r in rows(df)}
+        assert len(notes) == 151 and df.count() == 151
+        assert all(notes[i] is None for i in range(100))
+        assert [notes[i] for i in range(100, 151)] == [f"n{i}" for i in range(50)] + ["live"]
+        only_new = fluvial.spark.read_table(spark, name, url=lake_broker.flight_url, columns=["id"],
+                                            filter="note IS NOT NULL", source="lake")
+        assert sorted(r["id"] for r in rows(only_new)) == list(range(100, 150))
