@@ -59,6 +59,7 @@ def throughput(broker: BrokerProcess, rows: int, runs: int, engine: str, spark=N
     from fluvial.tiering.lake.job import NativeRoundIO, TieringWorker
 
     rates = []
+    load_start = os.getloadavg()
     with fc.connect(broker.flight_url) as client:
         for run in range(runs):
             name = f"thr-{engine}-{run}"
@@ -77,7 +78,8 @@ def throughput(broker: BrokerProcess, rows: int, runs: int, engine: str, spark=N
             rates.append(rows / result.seconds)
             print(f"  {engine} run {run}: {rows:,} rows in {result.seconds:.2f} s = {rows / result.seconds:,.0f} rows/s"
                   f" (load {os.getloadavg()[0]:.1f})", flush=True)
-    return {"rows": rows, "runs": [round(r) for r in rates], "median_rows_per_s": round(statistics.median(rates))}
+    return {"rows": rows, "runs": [round(r) for r in rates], "median_rows_per_s": round(statistics.median(rates)),
+            "loadavg_start": load_start, "loadavg_end": os.getloadavg()}
 
 
 def _wait_tiered(client: fc.Client, name: str, timeout: float) -> dict[str, int]:

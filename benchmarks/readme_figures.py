@@ -202,13 +202,21 @@ def _tiering_rows() -> list[Row]:
 def _lake_rows() -> list[Row]:
     rows: list[Row] = []
     lake = _load("lake.json")
-    load = f"load {_load_text(lake, 'loadavg_start')}–{_load_text(lake, 'loadavg_end')}"
+    # The parts of bench_lake run separately: each entry carries the load it was measured under
+    # (older files only the whole run's).
+    def load(entry: dict | None) -> str:
+        during = _get(entry, "loadavg_during")
+        if isinstance(during, list) and during:
+            return f"load {min(during):.1f}–{max(during):.1f}"
+        source = entry if _get(entry, "loadavg_start") is not None else lake
+        return f"load {_load_text(source, 'loadavg_start')}–{_load_text(source, 'loadavg_end')}"
+
     for engine in ("spark", "native"):
         fresh = _get(lake, f"freshness-{engine}")
         rows.append((f"lake freshness lag at {_get(fresh, 'rate') or 10000:,} rec/s ({engine} tiering)",
                      "not measured" if not fresh else
                      f"p50 {fresh['lag_p50_s']:.1f} s, p99 {fresh['lag_p99_s']:.1f} s, max {fresh['lag_max_s']:.1f} s",
-                     f"freshness {_get(fresh, 'freshness_s')} s, {_get(fresh, 'seconds')} s of produce; {load}",
+                     f"freshness {_get(fresh, 'freshness_s')} s, {_get(fresh, 'seconds')} s of produce; {load(fresh)}",
                      "bench_lake.py"))
     for key, label in (("spark-tasks", "Spark local[2], tasks read with the native client"),
                        ("spark-source", "Spark local[2], tasks read through format(\"fluvial\")"),
@@ -217,7 +225,7 @@ def _lake_rows() -> list[Row]:
         rows.append((f"lake tiering throughput ({label})",
                      "not measured" if not entry else f"{entry['median_rows_per_s']:,.0f} rows/s "
                      f"(runs {', '.join(f'{r:,.0f}' for r in entry.get('runs', []))})",
-                     f"{_get(entry, 'rows') or 0:,} rows; {load}", "bench_lake.py"))
+                     f"{_get(entry, 'rows') or 0:,} rows; {load(entry)}", "bench_lake.py"))
     for name in ("union_read_1m.json", "union_read.json"):
         union = _load(name)
         if not union:
