@@ -30,12 +30,15 @@ from fluvial.spark.source import (
 )
 from fluvial.spark.types import METADATA_FIELDS, spark_type
 
+# A log tail after the lake snapshot up to this many offsets is read on the driver.
+DRIVER_TAIL_ROWS = 200_000
 # Options of the log side that read_table sets itself.
 _OWN_OPTIONS = {"url", "table", "path", "columns", "source", "startingoffsets", "endingoffsets", "includemetadata"}
 
 
 def read_table(spark: Any, name: str, columns: Sequence[str] | None = None, filter: Any = None,
-               url: str = DEFAULT_URL, include_metadata: bool = False, **options: Any) -> Any:
+               url: str = DEFAULT_URL, include_metadata: bool = False, driver_tail_rows: int = DRIVER_TAIL_ROWS,
+               **options: Any) -> Any:
     """Table `name` as one DataFrame: for a lake-enabled log table, its lake snapshot read by
     Spark's Parquet reader plus the broker's log after it; any other read as
     `format("fluvial")` does it.
@@ -44,6 +47,8 @@ def read_table(spark: Any, name: str, columns: Sequence[str] | None = None, filt
         when None.
     filter: a Spark Column or SQL condition string, applied before the projection (so it may
         name columns not returned); Spark pushes it into the Parquet scan.
+    driver_tail_rows: a log tail after the lake snapshot of at most this many offsets is read
+        on the driver (0: always by format("fluvial") tasks).
     options: any other `format("fluvial")` option (`source`, `startingOffsets`, `pushFilters`,
         `lake.catalog.<key>`, ...).
     """
@@ -61,7 +66,7 @@ def read_table(spark: Any, name: str, columns: Sequence[str] | None = None, filt
     if plan is None:
         df = _fluvial(spark, raw, {})
     else:
-        df = _union(spark, opts, info, plan, raw, filter is not None)
+        df = _union(spark, opts, info, plan, raw, filter is not None, driver_tail_rows)
     if filter is not None:
         df = df.where(filter)
     return df.select(*names)
@@ -115,7 +120,7 @@ def _fluvial(spark: Any, raw: dict[str, str], overrides: dict[str, str]) -> Any:
 
 
 def _union(spark: Any, opts: Options, info: fc.TableInfo, pinned: "union.PinnedLake",
-           raw: dict[str, str], filtered: bool) -> Any:
+           raw: dict[str, str], filtered: bool, driver_tail_rows: int) -> Any:
     # With a filter, both sides carry every column it may name; Spark prunes the Parquet
     # columns it does not need, the log side reads them.
     if filtered:
@@ -127,6 +132,8 @@ def _union(spark: Any, opts: Options, info: fc.TableInfo, pinned: "union.PinnedL
     source = opts.source or "union"
     log = None
     if source == "union":
+        log = _short_tail(spark, opts, info, pinned, fields, target, driver_tail_rows)
+    if source == "union" and log is None:
         start = {str(b): pinned.end(b) for b in range(info.buckets)}
         passed = {k: v for k, v in raw.items() if k.lower() not in _OWN_OPTIONS}
         log = _fluvial(spark, passed, {"url": opts.url, "table": opts.table, "source": "log",
@@ -136,6 +143,34 @@ def _union(spark: Any, opts: Options, info: fc.TableInfo, pinned: "union.PinnedL
     if lake is None:
         return log if log is not None else spark.createDataFrame([], target)
     return lake if log is None else lake.unionByName(log)
+
+
+def _short_tail(spark: Any, opts: Options, info: fc.TableInfo, pinned: "union.PinnedLake",
+                fields: list[pa.Field], target: Any, limit: int) -> Any:
+    """The log after the snapshot read on the driver by the native client and handed to Spark
+    as a local relation, when it is short (at most `limit` offsets): a Python task
+    costs a Spark query a few hundred milliseconds, more than reading such a tail. None when
+    the tail is longer (then format("fluvial") tasks read it)."""
+    from fluvial.spark.types import arrow_schema, conform
+
+    try:
+        with fc.connect(opts.url, object_store_options=dict(opts.object_store_options)) as client:
+            table = fc.Table(client, info)
+            ranges = {o.bucket: (max(pinned.end(o.bucket), o.log_start), o.high_watermark) for o in table.offsets()}
+            ranges = {b: r for b, r in ranges.items() if r[1] > r[0]}
+            if limit <= 0 or sum(hi - lo for lo, hi in ranges.values()) > limit:
+                return None
+            names = [f.name for f in fields]
+            schema = arrow_schema(target)
+            if not ranges:
+                return spark.createDataFrame(schema.empty_table(), schema=target)
+            rows = table.scan(columns=names, start={b: r[0] for b, r in ranges.items()},
+                              end={b: r[1] for b, r in ranges.items()}, buckets=sorted(ranges),
+                              source="log").to_arrow()
+    except fc.FluvialError as exc:
+        raise _translate(exc, opts) from None
+    batches = [conform(b, schema) for b in rows.select(names).to_batches()]
+    return spark.createDataFrame(pa.Table.from_batches(batches, schema=schema), schema=target)
 
 
 def _lake_side(spark: Any, pinned: "union.PinnedLake", fields: list[pa.Field], target: Any) -> Any:

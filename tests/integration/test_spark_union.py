@@ -141,6 +141,11 @@ def test_read_table_equals_kafka_and_format_fluvial(spark, lake_broker):
                      key=lambda r: (r["_bucket"], r["_offset"]))
         assert got == expected
         assert sort_rows(df.toArrow(), ["_bucket", "_offset"]) == sort_rows(via_source.toArrow(), ["_bucket", "_offset"])
+        # the tail read by format("fluvial") tasks instead of on the driver: the same
+        tasks = fluvial.spark.read_table(spark, name, url=url, include_metadata=True, driver_tail_rows=0)
+        assert "fluvial" in tasks._jdf.queryExecution().executedPlan().toString().lower()
+        assert fields(tasks) == fields(via_source)
+        assert sort_rows(tasks.toArrow(), ["_bucket", "_offset"]) == sort_rows(via_source.toArrow(), ["_bucket", "_offset"])
 
         # projection and a filter on a column not returned
         df = fluvial.spark.read_table(spark, name, url=url, columns=["id"],
@@ -190,10 +195,11 @@ def test_read_table_casts_lake_types_to_the_source_schema(spark, lake_broker):
         t.append(batch(0, 800))
         tier(lake_broker, name)
         t.append(batch(800, 1000))
-        df = fluvial.spark.read_table(spark, name, url=lake_broker.flight_url)
         via_source = read(spark, lake_broker, name)
-        assert fields(df) == fields(via_source)
-        assert sort_rows(df.toArrow(), ["id"]) == sort_rows(via_source.toArrow(), ["id"])
+        for tail_rows in (0, 1000):  # the tail by format("fluvial") tasks, then on the driver
+            df = fluvial.spark.read_table(spark, name, url=lake_broker.flight_url, driver_tail_rows=tail_rows)
+            assert fields(df) == fields(via_source)
+            assert sort_rows(df.toArrow(), ["id"]) == sort_rows(via_source.toArrow(), ["id"])
         assert df.count() == 1000
 
 
