@@ -30,8 +30,9 @@ from fluvial.spark.source import (
 )
 from fluvial.spark.types import METADATA_FIELDS, spark_type
 
-# A log tail after the lake snapshot up to this many offsets is read on the driver.
-DRIVER_TAIL_ROWS = 200_000
+# A log tail after the lake snapshot up to this many offsets is read on the driver (opt-in:
+# no gain measured at 1-5M rows on a loaded 2-core machine, see docs/architecture.md).
+DRIVER_TAIL_ROWS = 0
 # Options of the log side that read_table sets itself.
 _OWN_OPTIONS = {"url", "table", "path", "columns", "source", "startingoffsets", "endingoffsets", "includemetadata"}
 
@@ -48,7 +49,8 @@ def read_table(spark: Any, name: str, columns: Sequence[str] | None = None, filt
     filter: a Spark Column or SQL condition string, applied before the projection (so it may
         name columns not returned); Spark pushes it into the Parquet scan.
     driver_tail_rows: a log tail after the lake snapshot of at most this many offsets is read
-        on the driver (0: always by format("fluvial") tasks).
+        on the driver and handed to Spark as a local relation (default 0: always by
+        format("fluvial") tasks).
     options: any other `format("fluvial")` option (`source`, `startingOffsets`, `pushFilters`,
         `lake.catalog.<key>`, ...).
     """
@@ -64,7 +66,14 @@ def read_table(spark: Any, name: str, columns: Sequence[str] | None = None, filt
     names = [f.name for f in fields]
     plan = _plan(opts, info, fields, filter is not None)
     if plan is None:
-        df = _fluvial(spark, raw, {})
+        overrides = {}
+        if filter is not None:  # the filter may name columns the projection leaves out
+            wide = list(info.schema.names)
+            if not (info.primary_key and opts.source in ("union", "lake")):  # current rows have none
+                wide += [f.name for f in METADATA_FIELDS if f.name not in wide]
+            overrides = {"columns": ",".join(dict.fromkeys([*names, *wide]))}
+            raw = {k: v for k, v in raw.items() if k.lower() != "includemetadata"}
+        df = _fluvial(spark, raw, overrides)
     else:
         df = _union(spark, opts, info, plan, raw, filter is not None, driver_tail_rows)
     if filter is not None:

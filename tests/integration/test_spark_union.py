@@ -141,9 +141,10 @@ def test_read_table_equals_kafka_and_format_fluvial(spark, lake_broker):
                      key=lambda r: (r["_bucket"], r["_offset"]))
         assert got == expected
         assert sort_rows(df.toArrow(), ["_bucket", "_offset"]) == sort_rows(via_source.toArrow(), ["_bucket", "_offset"])
-        # the tail read by format("fluvial") tasks instead of on the driver: the same
-        tasks = fluvial.spark.read_table(spark, name, url=url, include_metadata=True, driver_tail_rows=0)
-        assert "fluvial" in tasks._jdf.queryExecution().executedPlan().toString().lower()
+        assert "BatchScan fluvial" in df._jdf.queryExecution().executedPlan().toString()  # the tail's tasks
+        # the tail read on the driver instead (a local relation): the same
+        tasks = fluvial.spark.read_table(spark, name, url=url, include_metadata=True, driver_tail_rows=10_000)
+        assert "BatchScan fluvial" not in tasks._jdf.queryExecution().executedPlan().toString()
         assert fields(tasks) == fields(via_source)
         assert sort_rows(tasks.toArrow(), ["_bucket", "_offset"]) == sort_rows(via_source.toArrow(), ["_bucket", "_offset"])
 
@@ -164,6 +165,10 @@ def test_read_table_equals_kafka_and_format_fluvial(spark, lake_broker):
                                         startingOffsets='{"0": 100, "1": 0}', endingOffsets='{"0": 500, "1": 50}')
         assert sorted((r["_bucket"], r["_offset"]) for r in rows(part)) == \
             [(0, o) for o in range(100, 500)] + [(1, o) for o in range(50)]
+        part = fluvial.spark.read_table(spark, name, url=url, columns=["id"], filter="amount >= 500 AND _bucket = 1",
+                                        startingOffsets='{"0": 0, "1": 10}')
+        assert sorted(r["id"] for r in rows(part)) == \
+            sorted(r["id"] for r in expected if r["amount"] >= 500 and r["_bucket"] == 1 and r["_offset"] >= 10)
         with pytest.raises(Exception, match="no column"):
             fluvial.spark.read_table(spark, name, url=url, columns=["nope"])
 
