@@ -1,12 +1,26 @@
 """Shared fixtures: a real broker process per test session, and fresh ones on demand."""
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
 
 from tests.support.broker_process import BrokerProcess
 from tests.support.moto_server import MotoServer, moto_server_command
+
+
+def pytest_configure(config) -> None:
+    # Every SparkSession of one pytest process runs in one JVM, launched by the first session
+    # any test creates; jars given later as `spark.jars` never reach that JVM's classpath. So the
+    # Kafka source's jars (fetched by .ci/run) go on the launch command, whichever test is first.
+    try:
+        from fluvial.spark.kafka_jars import cached
+    except ImportError:   # pyspark not installed: no Spark tests run
+        return
+    jars = cached()
+    if jars and "PYSPARK_SUBMIT_ARGS" not in os.environ:
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {','.join(str(j) for j in jars)} pyspark-shell"
 
 
 @pytest.fixture(scope="session")
