@@ -180,7 +180,8 @@ def _tiering_rows() -> list[Row]:
         rows.append((f"native scan of remote data, 2 vs 20 columns ({_get(scan, 'store')})",
                      f"{two.get('rows_per_s', 0):,.0f} vs {full.get('rows_per_s', 0):,.0f} rows/s; "
                      f"{two.get('store_mb', 0):.1f} vs {full.get('store_mb', 0):.1f} MB from the store",
-                     f"{_get(scan, 'table', 'rows'):,} rows; load {_load_text(scan, 'loadavg_before', 'load_average')}",
+                     f"{_get(scan, 'table', 'rows'):,} rows; load "
+                     f"{_load_text(_get(scan, 'load_average_1_5_15') or scan, 'before', 'loadavg_before')}",
                      "bench_remote_scan.py"))
         if kafka:
             rows.append((f"catch-up read of remote data: broker CPU, native client vs Kafka consumer "
