@@ -116,18 +116,8 @@ def read_files(files: Sequence[DataFile | str], columns: Sequence[str], filters:
     written before a column was added), filters used to prune row groups."""
     parts = []
     for f in files:
-        path = f.path if isinstance(f, DataFile) else f
-        fs, local = _open(path)
-        pf = pq.ParquetFile(local, filesystem=fs)
-        have = set(pf.schema_arrow.names)
-        present = [c for c in columns if c in have]
-        expr = _typed_filter(filters, pf.schema_arrow, have)
-        if expr is None:
-            parts.append(pf.read(columns=present))
-        else:
-            import pyarrow.dataset as ds
-
-            parts.append(ds.dataset(local, filesystem=fs, format="parquet").to_table(columns=present, filter=expr))
+        lake_file = _LakeFile(f, columns, filters)
+        parts.append(pa.Table.from_batches(list(lake_file.batches()), lake_file.schema))
     if not parts:
         return pa.table({})
     return pa.concat_tables(parts, promote_options="permissive")
@@ -138,19 +128,30 @@ def iter_files(files: Sequence[DataFile | str], columns: Sequence[str], filters:
     """The files' rows as batches of at most `batch_size` rows, read as they are consumed
     (the same columns and pruning as `read_files`)."""
     for f in files:
-        path = f.path if isinstance(f, DataFile) else f
-        fs, local = _open(path)
-        pf = pq.ParquetFile(local, filesystem=fs)
-        have = set(pf.schema_arrow.names)
-        present = [c for c in columns if c in have]
-        expr = _typed_filter(filters, pf.schema_arrow, have)
-        if expr is None:
-            yield from pf.iter_batches(batch_size=batch_size, columns=present)
-        else:
-            import pyarrow.dataset as ds
+        yield from _LakeFile(f, columns, filters).batches(batch_size)
 
-            yield from ds.dataset(local, filesystem=fs, format="parquet").to_batches(
-                columns=present, filter=expr, batch_size=batch_size)
+
+class _LakeFile:
+    """One data file opened for reading: the asked columns it has, its row-group filter."""
+
+    def __init__(self, f: DataFile | str, columns: Sequence[str], filters: Sequence[Any]):
+        self._fs, self._local = _open(f.path if isinstance(f, DataFile) else f)
+        self._parquet = pq.ParquetFile(self._local, filesystem=self._fs)
+        schema = self._parquet.schema_arrow
+        have = set(schema.names)
+        self.columns = [c for c in columns if c in have]
+        self.schema = pa.schema([schema.field(c) for c in self.columns])
+        self._filter = _typed_filter(filters, schema, have)
+
+    def batches(self, batch_size: int | None = None) -> Iterator[pa.RecordBatch]:
+        size = {"batch_size": batch_size} if batch_size else {}
+        if self._filter is None:
+            yield from self._parquet.iter_batches(columns=self.columns, **size)
+            return
+        import pyarrow.dataset as ds
+
+        yield from ds.dataset(self._local, filesystem=self._fs, format="parquet").to_batches(
+            columns=self.columns, filter=self._filter, **size)
 
 
 def _typed_filter(filters: Sequence[Any], schema: pa.Schema, have: set[str]) -> pc.Expression | None:
