@@ -188,6 +188,20 @@ def remote_keys(broker, store, topic: str) -> list[str]:
     return [k for k in store.list("log/") if k.split("/")[1].startswith(topic + "-")]
 
 
+def wait_store_holds_the_manifest(broker, store, topic: str, timeout: float) -> set[str]:
+    """Until the store holds exactly the objects bucket 0's committed manifest lists (no
+    orphans, nothing missing); returns those keys."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = {s["key"] for s in action(broker, "remote-segments", {"name": topic, "bucket": 0,
+                                                                        "start": 0})["segments"]}
+        keys = set(remote_keys(broker, store, topic))
+        if keys == listed:
+            return keys
+        assert time.monotonic() < deadline, (keys - listed, listed - keys)
+        time.sleep(0.2)
+
+
 def test_corrupt_or_missing_remote_object_is_a_storage_error(fresh_broker, store_under_test, topic_name):
     from fluvial.protocol.errors import ErrorCode
 
@@ -366,15 +380,7 @@ def test_store_frozen_mid_upload_keeps_produce_acked_and_uploads_resume(fresh_br
     assert consume_confluent(broker, topic_name, 0, 0, len(sent)) == expected(sent)
     # No orphans: exactly the objects the committed manifest lists (uploads given up on
     # while the store was frozen, which it may have stored on waking, were collected).
-    deadline = time.monotonic() + 20
-    while True:
-        listed = {s["key"] for s in action(broker, "remote-segments", {"name": topic_name, "bucket": 0,
-                                                                        "start": 0})["segments"]}
-        keys = set(remote_keys(broker, store, topic_name))
-        if keys == listed:
-            break
-        assert time.monotonic() < deadline, (keys - listed, listed - keys)
-        time.sleep(0.2)
+    wait_store_holds_the_manifest(broker, store, topic_name, timeout=20)
 
 
 @pytest.mark.parametrize("step", ["remote.after_upload", "remote.after_commit"])
@@ -474,15 +480,7 @@ def test_kill_9_after_expiry_commit_serves_from_new_start_and_collects_expired(t
         got = consume_confluent(broker, topic_name, 0, OFFSET_BEGINNING, 1600 - start)
         assert got == expected(old + new, start)  # every offset from the new start, exactly once
         # The expired objects are collected; the store holds exactly what the manifest lists.
-        deadline = time.monotonic() + 30
-        while True:
-            listed = {s["key"] for s in action(broker, "remote-segments", {"name": topic_name, "bucket": 0,
-                                                                            "start": 0})["segments"]}
-            keys = set(remote_keys(broker, store, topic_name))
-            if keys == listed:
-                break
-            assert time.monotonic() < deadline, (keys - listed, listed - keys)
-            time.sleep(0.2)
+        keys = wait_store_holds_the_manifest(broker, store, topic_name, timeout=30)
         assert not set(expired) & keys and min(next_offset(k) for k in keys) > start
     finally:
         if broker.alive():
