@@ -77,6 +77,21 @@ def moto_s3(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(params=["local", "s3"])
+def object_store(request, tmp_path):
+    """An object store of each kind: a local folder, and a bucket (under a nested prefix) on the
+    session's moto_server process."""
+    from fluvial.tiering.object_store import open_object_store
+
+    if request.param == "local":
+        yield open_object_store((tmp_path / "remote").as_uri())
+        return
+    server = request.getfixturevalue("moto_s3")
+    store = open_object_store(f"s3://{server.create_bucket()}/some/prefix", server.options())
+    yield store
+    store.close()
+
+
 @pytest.fixture
 def own_moto_s3(tmp_path):
     """A moto_server process of this test's own (for tests that kill and restart the store)."""

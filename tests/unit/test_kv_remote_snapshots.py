@@ -12,20 +12,13 @@ import pytest
 from fluvial.errors import StorageError
 from fluvial.kv import KeyLayout, KvTablet, MergeSpec, SnapshotStore
 from fluvial.tiering.kv_snapshots import RemoteKvSnapshots, read_snapshot_rows
-from fluvial.tiering.object_store import open_object_store
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("name", pa.string()), pa.field("score", pa.int64())])
 
 
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        yield open_object_store((tmp_path / "remote").as_uri())
-    else:
-        server = request.getfixturevalue("moto_s3")
-        s = open_object_store(f"s3://{server.create_bucket()}/fluvial", server.options())
-        yield s
-        s.close()
+@pytest.fixture
+def store(object_store):
+    return object_store
 
 
 def open_tablet(path) -> KvTablet:

@@ -11,16 +11,9 @@ from fluvial.errors import InvalidConfigError, ObjectNotFound, ObjectStoreError
 from fluvial.tiering.object_store import LocalObjectStore, S3ObjectStore, open_object_store
 
 
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        yield open_object_store((tmp_path / "remote").as_uri())
-    else:
-        server = request.getfixturevalue("moto_s3")
-        bucket = server.create_bucket()
-        s = open_object_store(f"s3://{bucket}/some/prefix", server.options())
-        yield s
-        s.close()
+@pytest.fixture
+def store(object_store):
+    return object_store
 
 
 def test_put_get_ranges_size(store):

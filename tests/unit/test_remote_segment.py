@@ -7,7 +7,6 @@ import pytest
 
 from fluvial.broker.log import BatchMeta, LogConfig, LogTablet
 from fluvial.errors import CorruptRemoteDataError, InvalidRequestError, ObjectNotFound
-from fluvial.tiering.object_store import open_object_store
 from fluvial.tiering.remote_log_manifest import ManifestConflict, ManifestStore, RemoteLogManifest, segment_key
 from fluvial.tiering.remote_segment import (
     RemoteSegment, RemoteSegmentReader, local_segment_batches, read_remote_batches, remote_batch_statistics,
@@ -19,15 +18,9 @@ TS = pa.timestamp("ms", tz="UTC")
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        yield open_object_store((tmp_path / "remote").as_uri())
-    else:
-        server = request.getfixturevalue("moto_s3")
-        s = open_object_store(f"s3://{server.create_bucket()}/p", server.options())
-        yield s
-        s.close()
+@pytest.fixture
+def store(object_store):
+    return object_store
 
 
 def wide_batch(rows: int, seed: int, columns: int = 20) -> pa.RecordBatch:
