@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 import fluvial.spark  # noqa: E402
 from fluvial.client import connect  # noqa: E402
 from tests.integration.test_union_read_tiered import (  # noqa: E402
-    LAKE, SCHEMA, kafka_rows, lake_broker, produce_json, tier,
+    LAKE, SCHEMA, add_nullable_note_column, kafka_rows, lake_broker, produce_json, tier,
 )
 from tests.support.lake import sort_rows  # noqa: E402
 
@@ -227,21 +227,12 @@ def test_read_table_of_pk_and_plain_tables_goes_through_the_source(spark, lake_b
 
 def test_read_table_after_a_column_is_added(spark, lake_broker):
     """Lake files written before a column existed read it as null through Spark's reader."""
-    import json
-    import urllib.request
-
     name = f"rte-{uuid.uuid4().hex[:8]}"
     with connect(lake_broker.flight_url) as client:
         t = client.create_table(name, SCHEMA, buckets=2, kafka_format="avro", configs=LAKE)
         t.append(pa.table({"id": list(range(100)), "city": ["Oslo"] * 100, "amount": [1.0] * 100}, schema=SCHEMA))
         tier(lake_broker, name)
-        url = f"{lake_broker.http_url}/subjects/{name}-value/versions"
-        with urllib.request.urlopen(url + "/latest") as resp:
-            avro = json.loads(json.loads(resp.read())["schema"])
-        avro["fields"].append({"name": "note", "type": ["null", "string"], "default": None})
-        req = urllib.request.Request(url, data=json.dumps({"schema": json.dumps(avro)}).encode(),
-                                     headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
-        urllib.request.urlopen(req).read()
+        add_nullable_note_column(lake_broker, name)
         t = client.table(name)
         t.append(pa.table({"id": list(range(100, 150)), "city": ["Lima"] * 50, "amount": [2.0] * 50,
                            "note": [f"n{i}" for i in range(50)]}))

@@ -130,22 +130,28 @@ def test_union_of_tiered_pk_table_equals_lookups(lake_broker):
         assert sort_rows(got, ["k"]) == [{"k": r["k"], "v": r["v"]} for r in expected if r["v"] == "b"]
 
 
-def test_union_after_a_column_is_added(lake_broker):
-    """Rows tiered before a column existed read it as null, from the lake as from the log."""
+def add_nullable_note_column(broker, name: str) -> None:
+    """Evolve the table through the registry: a new version of `<name>-value` with a nullable
+    `note` string."""
     import urllib.request
 
+    url = f"{broker.http_url}/subjects/{name}-value/versions"
+    with urllib.request.urlopen(url + "/latest") as resp:
+        avro = json.loads(json.loads(resp.read())["schema"])
+    avro["fields"].append({"name": "note", "type": ["null", "string"], "default": None})
+    req = urllib.request.Request(url, data=json.dumps({"schema": json.dumps(avro)}).encode(),
+                                 headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+    urllib.request.urlopen(req).read()
+
+
+def test_union_after_a_column_is_added(lake_broker):
+    """Rows tiered before a column existed read it as null, from the lake as from the log."""
     name = f"e-{uuid.uuid4().hex[:8]}"
     with connect(lake_broker.flight_url) as client:
         t = client.create_table(name, SCHEMA, buckets=2, kafka_format="avro", configs=LAKE)
         t.append(pa.table({"id": list(range(100)), "city": ["Oslo"] * 100, "amount": [1.0] * 100}, schema=SCHEMA))
         tier(lake_broker, name)
-        url = f"{lake_broker.http_url}/subjects/{name}-value/versions"
-        with urllib.request.urlopen(url + "/latest") as resp:
-            avro = json.loads(json.loads(resp.read())["schema"])
-        avro["fields"].append({"name": "note", "type": ["null", "string"], "default": None})
-        req = urllib.request.Request(url, data=json.dumps({"schema": json.dumps(avro)}).encode(),
-                                     headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
-        urllib.request.urlopen(req).read()
+        add_nullable_note_column(lake_broker, name)
         t = client.table(name)
         assert "note" in t.schema.names
         t.append(pa.table({"id": list(range(100, 150)), "city": ["Lima"] * 50, "amount": [2.0] * 50,
