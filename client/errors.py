@@ -37,7 +37,9 @@ def from_flight(exc: flight.FlightError) -> FluvialError:
         return ERRORS.get(body.get("error"), FluvialError)(body.get("message", ""))
     except (ValueError, AttributeError):
         pass
-    if isinstance(exc, flight.FlightUnavailableError):
+    # A broker that stops (or restarts) cancels the calls it is serving: to the caller that is
+    # the broker going away, not a refusal, so readers resume as they do after UNAVAILABLE.
+    if isinstance(exc, (flight.FlightUnavailableError, flight.FlightCancelledError)):
         return BrokerUnavailableError(str(exc))
     return FluvialError(str(exc))
 

@@ -245,3 +245,12 @@ def test_errors_keep_their_class_and_message_across_flight():
         assert type(back) is type(exc) and str(back) == str(exc)
     internal = from_flight(to_flight_error(ZeroDivisionError("boom")))
     assert "internal error: ZeroDivisionError: boom" in str(internal)
+
+
+def test_a_call_the_broker_cancels_or_cannot_take_reads_as_the_broker_gone():
+    # A stopping broker cancels its in-flight streams; readers resume as after UNAVAILABLE.
+    from fluvial.client.errors import BrokerUnavailableError
+    for wire in (flight.FlightCancelledError("Server never sent a data message"),
+                 flight.FlightUnavailableError("connection refused")):
+        assert isinstance(from_flight(wire), BrokerUnavailableError)
+    assert not isinstance(from_flight(flight.FlightInternalError("x")), BrokerUnavailableError)
