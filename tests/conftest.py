@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 
 import pytest
@@ -11,6 +12,9 @@ from tests.support.moto_server import MotoServer, moto_server_command
 
 
 def pytest_configure(config) -> None:
+    # Spark's Python workers import `fluvial` from the interpreter they run: the one running the
+    # tests (a virtual environment's), not whichever `python3` comes first on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # Every SparkSession of one pytest process runs in one JVM, launched by the first session
     # any test creates; jars given later as `spark.jars` never reach that JVM's classpath. So the
     # Kafka source's jars (fetched by .ci/run) go on the launch command, whichever test is first.
