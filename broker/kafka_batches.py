@@ -142,7 +142,9 @@ def to_wire(stored: StoredBatch, *, compression_type: str = "producer", leader_e
                        attributes=meta.attributes & ~ATTR_CODEC_MASK, base_timestamp=meta.base_timestamp,
                        max_timestamp=meta.max_timestamp, producer_id=meta.producer_id,
                        producer_epoch=meta.producer_epoch, base_sequence=meta.base_sequence, columns=cols,
-                       compression=fetch_codec(compression_type, meta))
+                       compression=fetch_codec(compression_type, meta),
+                       # A compacted batch keeps its span: clients continue after its last offset.
+                       last_offset_delta=meta.last_offset_delta)
 
 
 def now_ms() -> int:

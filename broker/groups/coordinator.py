@@ -129,13 +129,11 @@ class GroupCoordinator:
         config: GroupConfig | None = None,
         *,
         partition_exists: Callable[[str, int], bool] | None = None,
-        log_end_offset: Callable[[str, int], int | None] | None = None,
         now_ms: Callable[[], int] = _wall_clock_ms,
     ):
         self.config = config or GroupConfig()
         self._storage = storage
         self._partition_exists = partition_exists
-        self._log_end_offset = log_end_offset
         self._now_ms = now_ms
         self._groups: dict[str, Group] = {}
         self._offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
@@ -763,10 +761,8 @@ class GroupCoordinator:
             return ErrorCode.OFFSET_METADATA_TOO_LARGE
         if entry.offset < 0:
             return ErrorCode.OFFSET_OUT_OF_RANGE
-        if self._log_end_offset is not None:
-            end = self._log_end_offset(entry.topic, entry.partition)
-            if end is not None and entry.offset > end:
-                return ErrorCode.OFFSET_OUT_OF_RANGE
+        # An offset past the log end is accepted, as Kafka does: tools reset groups to planned
+        # positions ahead of the data, and a consumer then waits there (or resets on fetch).
         return ErrorCode.NONE
 
     def fetch_offsets(self, group_id: str, partitions: list[TopicPartition] | None

@@ -10,6 +10,8 @@ import asyncio
 import time
 import weakref
 
+import numpy as np
+
 from fluvial.broker import kafka_batches, pk_tables
 from fluvial.broker.read_ahead import ReadAhead, next_offset
 from fluvial.broker.handlers import RequestContext, handles
@@ -19,8 +21,12 @@ from fluvial.protocol.fetch_response import FetchedPartition, encode_fetch_respo
 from fluvial.protocol.messages import ApiKey
 
 
-def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int) -> tuple[list[bytes], int]:
-    """Encoded batches from `offset`, at most about `max_bytes` (at least one batch).
+def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int,
+                 min_one: bool = True) -> tuple[list[bytes], int]:
+    """Encoded batches from `offset`, at most `max_bytes`, Kafka's way: only the first
+    partition with data in a response (`min_one`) may return a batch larger than the limit,
+    and a stored batch whose encoding is larger than the limit (a big table-API append) is
+    sent in slices of its rows that fit, so no response grows without bound.
 
     Offsets below the local log that the remote log holds are read from the object store
     (the caller runs this on an executor then)."""
@@ -39,16 +45,16 @@ def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int) -> tu
             wire = pk_view(stored, compression_type=compression, leader_epoch=bucket.leader_epoch)
             if wire is None:
                 continue
-            if out and size + len(wire) > max_bytes:
+            if (out or not min_one) and size + len(wire) > max_bytes:
                 break
             out.append(wire)
             size += len(wire)
             continue
         wire = None
+        value_format = kafka_batches.format_of(stored, bucket.table.value_format)
         if compression == "producer":
             wire = cache.get(bucket.table.name, bucket.index, stored.meta.base_offset)
         if wire is None:
-            value_format = kafka_batches.format_of(stored, bucket.table.value_format)
             wire = kafka_batches.to_wire(stored, compression_type=compression, leader_epoch=bucket.leader_epoch,
                                          value_format=value_format)
             if value_format.name == "avro" and compression == "producer" and \
@@ -56,11 +62,50 @@ def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int) -> tu
                 # Re-encoding Avro from columns is the costly part of a fetch, and its bytes never change
                 # (each record's own writer schema): the next reader of this batch reuses them.
                 cache.put(bucket.table.name, bucket.index, stored.meta.base_offset, wire)
-        if out and size + len(wire) > max_bytes:
+        if not out and len(wire) > max_bytes and stored.batch.num_rows > 1:
+            part = _slice_to_fit(stored, offset, max_bytes, compression, bucket.leader_epoch,
+                                 value_format, len(wire))
+            if part is not None:
+                if not min_one and len(part) > max_bytes:
+                    break
+                # The rest of the batch comes with the next fetch, from the slice's end.
+                return [part], len(part)
+        if (out or not min_one) and size + len(wire) > max_bytes:
             break
         out.append(wire)
         size += len(wire)
     return out, size
+
+
+def _slice_to_fit(stored, offset: int, room: int, compression: str, leader_epoch: int, value_format,
+                  whole_size: int) -> bytes | None:
+    """The rows of a too-large stored batch from `offset` on, as many as fit in `room`
+    (at least one), as one Kafka batch: its base offset is the first row's and its last
+    offset delta the last row's, so a client continues right after it."""
+    from fluvial.broker.log import BatchMeta, StoredBatch
+
+    batch = stored.batch
+    offsets = batch.column("_offset").to_numpy(zero_copy_only=False)
+    first = int(np.searchsorted(offsets, offset))
+    rows = batch.num_rows - first
+    if rows <= 0:
+        return None  # the offset lies in a compacted gap at the batch's end: send it whole
+    per_row = max(1, whole_size // max(1, batch.num_rows))
+    take = max(1, min(rows, room // per_row))
+    while True:
+        part = batch.slice(first, take)
+        base = int(offsets[first])
+        meta = stored.meta
+        last = meta.last_offset if first + take == batch.num_rows else int(offsets[first + take - 1])
+        sliced = BatchMeta(base_offset=base, last_offset_delta=last - base,
+                           record_count=take, base_timestamp=meta.base_timestamp,
+                           max_timestamp=meta.max_timestamp, attributes=meta.attributes,
+                           partition_leader_epoch=meta.partition_leader_epoch, schema_id=meta.schema_id)
+        wire = kafka_batches.to_wire(StoredBatch(sliced, part), compression_type=compression,
+                                     leader_epoch=leader_epoch, value_format=value_format)
+        if len(wire) <= room or take == 1:
+            return wire
+        take = max(1, take * room // len(wire) - 1)
 
 
 def _partition_result(index: int, code: int, bucket=None, records: list[bytes] | None = None) -> FetchedPartition:
@@ -143,6 +188,8 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
             continue
         bucket = target
         limit = min(p.partition_max_bytes, max(budget - total, 0))
+        # Kafka's rule: only the first partition with data may go over the limits (one batch).
+        min_one = total == 0
         if limit <= 0 and total > 0:
             results.append((key, _partition_result(p.partition, 0, bucket)))
             continue
@@ -161,6 +208,8 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
                     "compression.type") == "producer" and pk_tables.kafka_view(bucket.table) is None:
                 # A tailing consumer: the producers' own batches, with no thread hop.
                 cached = ctx.broker.wire_cache.tail(bucket.table.name, bucket.index, p.fetch_offset, end, limit)
+                if cached is not None and total > 0 and cached[1] > limit:
+                    cached = [], 0  # only the response's first partition with data may exceed the limit
             if cached is not None:
                 batches, size = cached
             elif p.fetch_offset < tablet.log_start_offset and ctx.broker.remote_log.serves(bucket, p.fetch_offset):
@@ -168,13 +217,13 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
                 # on for longer than remote.fetch.max.wait.ms.
                 batches, size = await ctx.broker.remote_log.fetches.read(
                     (tablet, p.fetch_offset),
-                    lambda b=bucket, o=p.fetch_offset, n=limit: _read_bucket(ctx, b, o, n))
+                    lambda b=bucket, o=p.fetch_offset, n=limit, m=min_one: _read_bucket(ctx, b, o, n, m))
             elif limit > 256 * 1024 or bucket.table.value_format is not kafka_batches.RAW:
                 # Large reads and typed tables (values re-encoded from columns) are CPU work.
                 batches, size = await loop.run_in_executor(
-                    ctx.broker.cpu_executor, _read_bucket, ctx, bucket, p.fetch_offset, limit)
+                    ctx.broker.cpu_executor, _read_bucket, ctx, bucket, p.fetch_offset, limit, min_one)
             else:
-                batches, size = _read_bucket(ctx, bucket, p.fetch_offset, limit)
+                batches, size = _read_bucket(ctx, bucket, p.fetch_offset, limit, min_one)
             if ahead is not None and batches and (after := next_offset(batches[-1])) < end:
                 ahead.start(bucket.table.name, bucket.index, lambda b=bucket, o=after, n=limit: loop.run_in_executor(
                     ctx.broker.cpu_executor, _read_bucket, ctx, b, o, n))

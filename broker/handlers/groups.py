@@ -47,14 +47,8 @@ async def start_group_coordinator(broker) -> None:
         table = tables.tables.get(topic)
         return table is not None and 0 <= partition < len(table.buckets)
 
-    def log_end_offset(topic: str, partition: int) -> int | None:
-        table = tables.tables.get(topic)
-        if table is None or not 0 <= partition < len(table.buckets):
-            return None
-        return table.buckets[partition].tablet.log_end_offset
-
     coord = GroupCoordinator(GroupStorage(broker.store), group_config(broker),
-                             partition_exists=partition_exists, log_end_offset=log_end_offset)
+                             partition_exists=partition_exists)
     await coord.start()
     broker.extensions["groups"] = coord
 
