@@ -335,10 +335,12 @@ class PkTableService:
         from fluvial.schema.registry import parse_schema
         text = configs.get(VALUE_SCHEMA)
         if text:
+            fmt = configs.get(VALUE_FORMAT, "raw")
             try:
-                return parse_schema(text, "AVRO").arrow_schema
+                # The schema's language follows the value format: Avro for avro, JSON Schema for json.
+                return parse_schema(text, "JSON" if fmt == "json" else "AVRO").arrow_schema
             except Exception as exc:  # noqa: BLE001 - reported as a config error
-                raise InvalidConfigError(f"Invalid {VALUE_SCHEMA}: {exc}") from None
+                raise InvalidConfigError(f"Invalid {VALUE_SCHEMA} for {VALUE_FORMAT}={fmt}: {exc}") from None
         latest = self.registry.latest(f"{name}-value") if self.registry else None
         if latest is None:
             raise InvalidConfigError(f"a primary-key table needs a value schema ({VALUE_SCHEMA})")

@@ -27,6 +27,24 @@ FORMAT = "fluvial.value.format"
 SCHEMA = "fluvial.value.schema"
 
 
+# The schema language `fluvial.value.schema` is written in, by value format.
+SCHEMA_LANGUAGE = {"avro": "AVRO", "json": "JSON"}
+SCHEMA_LANGUAGE_NAME = {"avro": "an Avro schema", "json": "a JSON Schema"}
+
+
+def _other_language_hint(text: str, fmt: str) -> str:
+    """A pointer to the right format when the schema is valid in the other format's language."""
+    for other, language in SCHEMA_LANGUAGE.items():
+        if other == fmt:
+            continue
+        try:
+            parse_schema(text, language).arrow_schema  # noqa: B018
+        except (SchemaError, ValueError):
+            continue
+        return f" (it is {SCHEMA_LANGUAGE_NAME[other]}: use {FORMAT}={other} for it)"
+    return ""
+
+
 def subject_of(table_name: str) -> str:
     return f"{table_name}-value"
 
@@ -63,11 +81,14 @@ class TableSchemas:
                 raise InvalidConfigError(
                     f"{FORMAT}={fmt} needs a schema: set {SCHEMA} or register one under {subject_of(name)}")
             return
+        language = SCHEMA_LANGUAGE[fmt]
         try:
-            schema = parse_schema(text, "AVRO")
+            schema = parse_schema(text, language)
             schema.arrow_schema  # noqa: B018 - the mapping must exist for a typed table
         except (SchemaError, ValueError) as exc:
-            raise InvalidConfigError(f"Invalid {SCHEMA}: {exc}") from None
+            hint = _other_language_hint(text, fmt)
+            raise InvalidConfigError(f"Invalid {SCHEMA} for {FORMAT}={fmt} (which takes {SCHEMA_LANGUAGE_NAME[fmt]})"
+                                     f": {exc}{hint}") from None
         if not validate_only:
             try:
                 self.registry.register(subject_of(name), schema)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
+import pytest
 import pyarrow.flight as flight
 from confluent_kafka import Consumer, TopicPartition
 from kafka import KafkaConsumer, KafkaProducer
@@ -128,3 +129,53 @@ def test_a_huge_appended_batch_is_fetched_in_bounded_slices(broker, topic_name):
             seen.append((m.offset(), m.value()[:6]))
     c.close()
     assert seen == [(i, b"%06d" % i) for i in range(n)]
+
+
+def test_json_table_created_through_kafka_configs(broker, topic_name):
+    """fluvial.value.format=json takes a JSON Schema; an Avro schema there is refused saying so."""
+    import json
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.admin import NewTopic as CNewTopic
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "Order", "type": "object",
+              "properties": {"id": {"type": "integer"}, "item": {"type": "string"}, "qty": {"type": ["integer", "null"]}},
+              "required": ["id", "item"]}
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    avro = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}
+    bad = admin.create_topics([CNewTopic(topic_name, 1, 1, config={
+        "fluvial.value.format": "json", "fluvial.value.schema": json.dumps(avro)})])[topic_name]
+    with pytest.raises(Exception) as info:
+        bad.result(10)
+    assert "INVALID_CONFIG" in str(info.value) or "InvalidConfig" in repr(info.value)
+    assert "JSON Schema" in str(info.value) and "fluvial.value.format=avro" in str(info.value)
+
+    admin.create_topics([CNewTopic(topic_name, 1, 1, config={
+        "fluvial.value.format": "json", "fluvial.value.schema": json.dumps(schema)})])[topic_name].result(10)
+    sr = SchemaRegistryClient({"url": broker.http_url})
+    latest = sr.get_latest_version(f"{topic_name}-value")
+    assert latest.schema.schema_type == "JSON"
+    ser = JSONSerializer(json.dumps(schema), sr, conf={"auto.register.schemas": False, "use.latest.version": True})
+    de = JSONDeserializer(json.dumps(schema))
+    ctx = SerializationContext(topic_name, MessageField.VALUE)
+    docs = [{"id": i, "item": f"i{i}", "qty": None if i % 3 else i} for i in range(50)]
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for d in docs:
+        p.produce(topic_name, value=ser(d, ctx), partition=0)
+    assert p.flush(30) == 0
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"j-{topic_name}", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic_name, 0, 0)])
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(docs) and time.monotonic() < deadline:
+        got.extend(de(m.value(), ctx) for m in c.consume(100, timeout=1) if m.error() is None)
+    c.close()
+    assert [{k: v for k, v in g.items() if v is not None} for g in got] == \
+        [{k: v for k, v in d.items() if v is not None} for d in docs]
+    import fluvial.client as fc
+    with fc.connect(broker.flight_url) as client:
+        assert client.table(topic_name).schema.names[-3:] == ["id", "item", "qty"]
