@@ -47,9 +47,11 @@ async def describe_topic_partitions(ctx: RequestContext, request):
             if count >= limit:
                 next_cursor = TR.Cursor(topic_name=name, partition_index=b.index)
                 break
+            offline = [node] if b.tablet.failure else []   # as in Metadata
             parts.append(PartitionEntry(error_code=0, partition_index=b.index, leader_id=node,
-                                        leader_epoch=b.leader_epoch, replica_nodes=[node], isr_nodes=[node],
-                                        eligible_leader_replicas=[], last_known_elr=[], offline_replicas=[]))
+                                        leader_epoch=b.leader_epoch, replica_nodes=[node],
+                                        isr_nodes=[] if offline else [node], eligible_leader_replicas=[],
+                                        last_known_elr=[], offline_replicas=offline))
             count += 1
         topics.append(TopicEntry(error_code=0, name=name, topic_id=table.topic_id, is_internal=False,
                                  partitions=parts, topic_authorized_operations=-2147483648))

@@ -16,9 +16,13 @@ def broker_entries(ctx: RequestContext) -> list:
 
 def topic_entry(ctx: RequestContext, table) -> object:
     node = ctx.broker.config.node_id
+    # A bucket whose log went offline keeps its leader, so producers get KAFKA_STORAGE_ERROR
+    # at once instead of waiting for a leader that will not come; it is listed as offline
+    # (and out of the ISR) for tools, as Kafka lists a replica on a failed log directory.
     parts = [R.MetadataResponseTopic.MetadataResponsePartition(
         error_code=0, partition_index=b.index, leader_id=node, leader_epoch=b.leader_epoch,
-        replica_nodes=[node], isr_nodes=[node], offline_replicas=[]) for b in table.buckets]
+        replica_nodes=[node], isr_nodes=[] if b.tablet.failure else [node],
+        offline_replicas=[node] if b.tablet.failure else []) for b in table.buckets]
     return R.MetadataResponseTopic(error_code=0, name=table.name, topic_id=table.topic_id, is_internal=False,
                                    partitions=parts, authorized_operations=None)
 

@@ -90,6 +90,17 @@ def read_values(broker: BrokerProcess, partition: int) -> list[bytes]:
     return got
 
 
+def offline_replicas(broker: BrokerProcess) -> dict[int, list[int]]:
+    """Each partition's offline replicas as Metadata v9 reports them (kafka-python's admin client)."""
+    from kafka.admin import KafkaAdminClient
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        (topic,) = admin.describe_topics([TOPIC])
+    finally:
+        admin.close()
+    return {p["partition_index"]: p["offline_replicas"] for p in topic["partitions"]}
+
+
 def test_failed_fsync_takes_only_that_bucket_offline_and_is_never_acknowledged(tmp_path, monkeypatch):
     faults = tmp_path / "fsync-faults"
     monkeypatch.setenv(FAULTS_ENV, str(faults))
@@ -106,6 +117,8 @@ def test_failed_fsync_takes_only_that_bucket_offline_and_is_never_acknowledged(t
     faults.unlink()  # the disk "recovers": the bucket stays offline, as after fsyncgate it must
     assert produce(broker, 0, [b"after"]) == [(KafkaError.KAFKA_STORAGE_ERROR, None)]
     assert fetch_error(broker, 0) == ErrorCode.KAFKA_STORAGE_ERROR
+    # Metadata keeps the leader (producers get the error at once) and lists the replica offline.
+    assert offline_replicas(broker) == {0: [1], 1: []}   # node 1, the only broker
     # librdkafka treats the fetch error as retriable: the consumer gets neither records nor an error.
     assert consumer_reads(broker, 0) == (0, [])
     # The other bucket of the same table serves on.
