@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable
 
 from fluvial.broker.handlers import HANDLERS, Deferred, RequestContext, supported_versions
-from fluvial.errors import FluvialError
+from fluvial.errors import FluvialError, InvalidRequestError
 from fluvial.protocol import produce_request
 from fluvial.protocol.fetch_response import EncodedResponse
 from fluvial.protocol.messages import (ApiKey, RequestHeader, decode_request_body, decode_request_header,
-                                       encode_api_versions_unsupported, encode_response)
+                                       encode_api_versions_unsupported, encode_response, error_response)
+from fluvial.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
     from fluvial.broker.broker import Broker
@@ -112,7 +113,11 @@ class KafkaServer:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except CloseConnection as exc:
-            log.warning("closing connection from %s: %s", peer_s, exc)
+            log.info("closing connection from %s: %s", peer_s, exc)
+        except Exception:
+            # A fault of the broker's own (a handler's is caught in _dispatch): the
+            # connection is closed; it must not reach asyncio's stream callback.
+            log.exception("connection from %s failed", peer_s)
         except asyncio.CancelledError:
             # Only stop() cancels a connection's task. It ends quietly: asyncio's stream
             # callback would log a cancelled connection task as an error with a traceback.
@@ -166,8 +171,18 @@ class KafkaServer:
                 request = produce_request.decode_produce_request(frame[header.header_size:], header.api_version)
             else:
                 request = decode_request_body(header, frame)
-        except FluvialError as exc:
-            raise CloseConnection(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a decoder failure is a malformed request
+            if not isinstance(exc, FluvialError):
+                exc = InvalidRequestError(f"malformed request: {type(exc).__name__}: {exc}")
+            # A request that cannot be read: answered with INVALID_REQUEST where the API's
+            # response has a top-level error code, else the connection is closed (Kafka's
+            # answer to a request it cannot parse). Logged without a traceback: the fault
+            # is the client's.
+            reply = error_response(header, ErrorCode.INVALID_REQUEST)
+            if reply is None:
+                raise CloseConnection(str(exc)) from None
+            log.info("invalid request from %s (API %d v%d): %s", peer, header.api_key, header.api_version, exc)
+            return reply
         ctx = RequestContext(self.broker, header, peer)
         try:
             result = await reg.handler(ctx, request)

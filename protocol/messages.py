@@ -18,6 +18,7 @@ from kafka.protocol.api_message import ApiMessage
 
 from fluvial.errors import CorruptRecordError, InvalidRequestError
 from fluvial.protocol.errors import ErrorCode
+from fluvial.protocol.nullability import check_non_nullable
 
 
 class ApiKey(IntEnum):
@@ -160,11 +161,33 @@ def decode_request_header(frame: memoryview) -> RequestHeader:
 
 
 def decode_request_body(header: RequestHeader, frame: memoryview) -> ApiMessage:
+    """Decode a request body; InvalidRequestError for anything malformed.
+
+    Whatever the decoder raises on garbage (truncation, lengths past the end, varints near
+    2**64 that overflow, invalid UTF-8, ...) means the same: the request is malformed. A
+    null in a field the message spec does not allow to be null is refused here too, once
+    for every API (see protocol/nullability.py).
+    """
     cls = REQUEST_CLASSES[header.api_key]
     try:
-        return cls.decode(frame[header.header_size:], version=header.api_version)
-    except (ValueError, IndexError, struct.error, UnicodeDecodeError, EOFError, TypeError, KeyError) as exc:
-        raise InvalidRequestError(f"malformed {cls.name} v{header.api_version}: {exc}") from exc
+        message = cls.decode(frame[header.header_size:], version=header.api_version)
+    except Exception as exc:  # noqa: BLE001 - every decoder failure is a malformed request
+        raise InvalidRequestError(f"malformed {cls.name} v{header.api_version}: {type(exc).__name__}: {exc}") from None
+    check_non_nullable(message, header.api_version)
+    return message
+
+
+def error_response(header: RequestHeader, code: int) -> bytes | None:
+    """A response carrying `code` in its top-level error field, or None when the API's
+    response at that version has none (the only answer left is closing the connection,
+    as Kafka does for a request it cannot parse)."""
+    cls = RESPONSE_CLASSES.get(header.api_key)
+    if cls is None:
+        return None
+    field = cls._struct.fields.get("error_code")
+    if field is None or not field.for_version_q(header.api_version):
+        return None
+    return encode_response(header, cls(version=header.api_version, error_code=code))
 
 
 def encode_response(header: RequestHeader, body: ApiMessage) -> bytes:
@@ -217,5 +240,5 @@ __all__ = [
     "ApiKey", "RequestHeader", "REQUEST_CLASSES", "RESPONSE_CLASSES",
     "decode_request_header", "decode_request_body", "encode_response",
     "encode_api_versions_unsupported", "encode_request", "decode_response",
-    "request_class", "response_class", "is_flexible", "CorruptRecordError",
+    "request_class", "response_class", "is_flexible", "CorruptRecordError", "error_response",
 ]
