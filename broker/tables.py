@@ -23,7 +23,8 @@ from fluvial.broker import kafka_batches
 from fluvial.broker.config import TOPIC_CONFIGS, BrokerConfig, check_alterable, config_flag, validate_topic_configs
 from fluvial.broker.log import BatchMeta, FlushPolicy, LogConfig, LogTablet
 from fluvial.broker.metadata import MetadataStore
-from fluvial.errors import InvalidPartitionsError, InvalidTableError, TableExistsError, UnknownTableError
+from fluvial.errors import FluvialError, InvalidPartitionsError, InvalidTableError, TableExistsError, UnknownTableError
+from fluvial.protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +223,18 @@ def log_config_for(table_configs: dict[str, str], broker: BrokerConfig) -> LogCo
     )
 
 
+# The most buckets one table may have (Kafka's limit of partitions per request): each is a
+# directory, open files and a few objects, so a typo of 2**30 must be refused, not attempted.
+MAX_BUCKETS = 10_000
+
+
+def check_bucket_growth(total: int) -> None:
+    """CreatePartitions' limit, answered as Kafka's controller answers an oversized request."""
+    if total > MAX_BUCKETS:
+        raise FluvialError(f"Excessively large number of partitions per request: {total} requested, "
+                           f"limit {MAX_BUCKETS}.", code=ErrorCode.POLICY_VIOLATION)
+
+
 class TableManager:
     """Creates, opens, alters and deletes tables; finds buckets by name or topic id.
 
@@ -331,8 +344,8 @@ class TableManager:
             raise TableExistsError(f"Topic '{name}' is being created or deleted.")
         if buckets <= 0:
             raise InvalidPartitionsError(f"Number of partitions must be larger than 0, got {buckets}")
-        if buckets > 10_000:
-            raise InvalidPartitionsError(f"Number of partitions {buckets} is above the limit of 10000")
+        if buckets > MAX_BUCKETS:
+            raise InvalidPartitionsError(f"Number of partitions {buckets} is above the limit of {MAX_BUCKETS}")
         overrides = validate_topic_configs(configs or {})
         table = Table(name, uuid.uuid4(), overrides, int(time.time() * 1000),
                       broker_defaults=broker_topic_defaults(self.config))
@@ -388,6 +401,7 @@ class TableManager:
             await asyncio.shield(pending)
 
     async def add_buckets(self, name: str, total: int) -> Table:
+        check_bucket_growth(total)
         await self._settled(name)
         table = self.get(name)
         if total <= len(table.buckets):

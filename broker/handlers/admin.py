@@ -6,6 +6,7 @@ import asyncio
 import shutil
 
 from fluvial.broker import pk_tables
+from fluvial.broker.tables import check_bucket_growth
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.errors import FluvialError, InvalidConfigError, InvalidPartitionsError, OffsetOutOfRangeError
 from fluvial.protocol.errors import ErrorCode
@@ -36,6 +37,7 @@ async def create_partitions(ctx: RequestContext, request):
             if t.assignments:
                 raise FluvialError("Manual replica assignment is not supported by a single-node broker",
                                    code=ErrorCode.INVALID_REPLICA_ASSIGNMENT)
+            check_bucket_growth(t.count)
             if t.count <= len(table.buckets):
                 raise InvalidPartitionsError(
                     f"Topic currently has {len(table.buckets)} partitions, which is higher than or equal to the "
