@@ -68,8 +68,9 @@ class TableSchemas:
         codec_cls = AvroValueCodec if fmt == "avro" else JsonValueCodec
         return TypedValueFormat(codec_cls(self.registry, subject_of(name)))
 
-    def before_create(self, name: str, configs: dict[str, str], validate_only: bool) -> None:
-        """Check the format/schema configs; register the schema (unless only validating)."""
+    def before_create(self, name: str, configs: dict[str, str], validate_only: bool) -> Callable[[], None] | None:
+        """Check the format/schema configs; register the schema (unless only validating).
+        Returns what unregisters it again, when it was registered here."""
         fmt = configs.get(FORMAT, "raw")
         text = configs.get(SCHEMA)
         if fmt == "raw":
@@ -90,10 +91,21 @@ class TableSchemas:
             raise InvalidConfigError(f"Invalid {SCHEMA} for {FORMAT}={fmt} (which takes {SCHEMA_LANGUAGE_NAME[fmt]})"
                                      f": {exc}{hint}") from None
         if not validate_only:
+            subject = subject_of(name)
+            known = {x.version for x in self.registry.store.versions(subject, include_deleted=True)}
             try:
-                self.registry.register(subject_of(name), schema)
+                _, version = self.registry.register(subject, schema)
             except SchemaError as exc:
-                raise InvalidConfigError(f"{SCHEMA} cannot be registered under {subject_of(name)}: {exc}") from None
+                raise InvalidConfigError(f"{SCHEMA} cannot be registered under {subject}: {exc}") from None
+            if version not in known:
+                # A creation that fails later takes this registration back, so that a
+                # refused table leaves no schema that would type a later table of its name.
+                return lambda: self._unregister(subject, version)
+        return None
+
+    def _unregister(self, subject: str, version: int) -> None:
+        self.registry.delete_version(subject, version)
+        self.registry.delete_version(subject, version, permanent=True)
 
     def attach(self, table) -> None:
         table.value_format = self.format_for(table.name, table.configs)

@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import shutil
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable
@@ -360,28 +361,44 @@ class TableManager:
         return table
 
     def _create_on_disk(self, table: Table, buckets: int, validate_only: bool) -> list:
-        """The blocking part of a creation: hooks, metadata row, bucket directories, KV tablets."""
+        """The blocking part of a creation: hooks, bucket directories, KV tablets, and last
+        the metadata row, which is the commit point. Everything before it is undone when a
+        step fails, so a refused creation leaves nothing behind (not even a registered
+        schema), and a crash before the row is written leaves no table to reopen."""
         name = table.name
-        for hook in self.create_hooks:
-            hook(name, table.configs, validate_only)
-        if validate_only:
-            return []
-        # Stale directories of an earlier table of the same name must not leak in.
-        for i in range(buckets):
-            shutil.rmtree(self._bucket_dir(name, i), ignore_errors=True)
-        with self.store.transaction() as conn:
-            conn.execute("INSERT INTO tables (name, topic_id, buckets, configs, created_ms) VALUES (?, ?, ?, ?, ?)",
-                         (name, str(table.topic_id), buckets, json.dumps(table.configs), table.created_ms))
+        undo: list[Callable[[], None]] = []
         try:
+            for hook in self.create_hooks:
+                # A hook may return what takes back its effect (a schema it registered).
+                taken_back = hook(name, table.configs, validate_only)
+                if callable(taken_back):
+                    undo.append(taken_back)
+            if validate_only:
+                for step in reversed(undo):
+                    step()
+                return []
+            # Stale directories of an earlier table of the same name must not leak in.
+            for i in range(buckets):
+                shutil.rmtree(self._bucket_dir(name, i), ignore_errors=True)
             for i in range(buckets):
                 table.buckets.append(self._open_bucket(table, i))
-            return self._prepare_open(table)
-        except BaseException:
-            # Not published: nothing of it may stay behind (the row would reopen it on restart).
+            publishers = self._prepare_open(table)
             with self.store.transaction() as conn:
-                conn.execute("DELETE FROM tables WHERE name = ?", (name,))
+                conn.execute("INSERT INTO tables (name, topic_id, buckets, configs, created_ms) "
+                             "VALUES (?, ?, ?, ?, ?)",
+                             (name, str(table.topic_id), buckets, json.dumps(table.configs), table.created_ms))
+            return publishers
+        except BaseException as exc:
             for bucket in table.buckets:
                 bucket.tablet.delete()
+            table.buckets.clear()
+            for step in reversed(undo):
+                try:
+                    step()
+                except Exception:  # noqa: BLE001 - the creation's own error is the one to report
+                    log.warning("could not take back part of the failed creation of %s", name, exc_info=True)
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise TableExistsError(f"Topic '{name}' already exists.") from None
             raise
 
     async def _settled(self, name: str) -> None:

@@ -32,7 +32,8 @@ def _plan(struct: Any, version: int) -> _Plan:
     for field in struct._fields:
         if not field.for_version_q(version):
             continue
-        nullable = field.nullable_for_version_q(version)
+        # A tagged field may be left out, and then holds its default (None for structs).
+        nullable = field.nullable_for_version_q(version) or field.tagged_field_q(version)
         if field.is_struct_array():
             steps.append((field.name, field._name, nullable, "structs", _plan(field.array_of, version)))
         elif field.is_struct():

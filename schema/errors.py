@@ -76,3 +76,9 @@ class InvalidCompatibilityLevelError(RegistryError):
 
 class UnsupportedSchemaError(InvalidConfigError):
     """A valid schema that a table cannot hold (e.g. a union of two non-null types)."""
+
+
+class InvalidSubjectError(RegistryError):
+    """A subject name the registry does not accept (see docs/architecture.md, "Schema registry")."""
+    error_code = 42208
+    http_status = 422

@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 import functools
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -21,6 +22,7 @@ from fluvial.schema.errors import (
     IncompatibleSchemaError, InvalidCompatibilityLevelError, InvalidSchemaError, InvalidVersionError,
     SchemaNotFoundError, SchemaVersionNotSoftDeletedError, SubjectConfigNotFoundError,
     SubjectNotFoundError, SubjectNotSoftDeletedError, VersionNotFoundError, UnsupportedSchemaError,
+    InvalidSubjectError,
 )
 from fluvial.schema.store import RegistryStore, SubjectVersion
 
@@ -63,8 +65,47 @@ class Schema:
         return json_can_read(self.json, writer.json)
 
 
+# Subject names: what Confluent's registry takes (any text without control characters),
+# bounded so that `<topic>-value` of the longest Kafka topic name (249) fits.
+MAX_SUBJECT_LENGTH = 255
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def check_subject(subject: str) -> None:
+    """InvalidSubjectError (42208) for a subject name a schema may not be registered under."""
+    if not subject or len(subject) > MAX_SUBJECT_LENGTH or _CONTROL.search(subject):
+        raise InvalidSubjectError(
+            f"The specified subject '{subject[:300]!r}' is not valid: 1 to {MAX_SUBJECT_LENGTH} characters, "
+            "no control characters")
+
+
+def _check_json_refs(doc: Any) -> None:
+    """JSON Schema `$ref`s must point inside the schema itself ('#', '#/...'): the registry
+    never fetches a URL or a file, and references to other subjects are not supported."""
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+                raise InvalidSchemaError(
+                    f"Invalid JSON schema: $ref {ref!r} points outside the schema; only references inside "
+                    "it ('#/definitions/...', '#/$defs/...') are supported")
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
 def parse_schema(text: str, schema_type: str | None = None, references: list | None = None) -> Schema:
-    """Parse a schema as sent to the registry; InvalidSchemaError (42201) when it is not valid."""
+    """Parse a schema as sent to the registry; InvalidSchemaError (42201) when it is not valid
+    (including schemas nested deeper than the parser's recursion allows)."""
+    try:
+        return _parse_schema(text, schema_type, references)
+    except RecursionError:
+        raise InvalidSchemaError("Invalid schema: nested too deeply") from None
+
+
+def _parse_schema(text: str, schema_type: str | None, references: list | None) -> Schema:
     try:
         st = SchemaType((schema_type or "AVRO").upper())
     except ValueError:
@@ -86,6 +127,7 @@ def parse_schema(text: str, schema_type: str | None = None, references: list | N
         jsonschema.validators.validator_for(doc).check_schema(doc)
     except jsonschema.SchemaError as exc:
         raise InvalidSchemaError(f"Invalid JSON schema: {exc.message}") from None
+    _check_json_refs(doc)
     return Schema(st, text, json.dumps(doc, sort_keys=True, separators=(",", ":")), json=doc)
 
 
@@ -180,6 +222,7 @@ class SchemaRegistry:
     def register(self, subject: str, schema: Schema) -> tuple[int, int]:
         """Register under `subject`; returns (schema id, version). An identical schema already
         live under the subject returns its id without a new version."""
+        check_subject(subject)
         with self._lock:
             live = self.store.versions(subject)
             for x in live:

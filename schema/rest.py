@@ -35,6 +35,10 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         if exc.status < 400:
             raise
         return _error(exc.status, exc.status, f"HTTP {exc.status} {exc.reason}")
+    except RecursionError:
+        # A schema nested deeper than a check or mapping walks: the client's input, not ours.
+        log.info("schema registry request refused: nesting too deep (%s %s)", request.method, request.path)
+        return _error(422, 42201, "Invalid schema: nested too deeply")
     except Exception:  # the registry keeps serving; the client gets the registry's 500 form
         log.exception("schema registry request failed: %s %s", request.method, request.path)
         return _error(500, 50001, "Error in the backend data store")
@@ -49,11 +53,25 @@ def _flag(request: web.Request, name: str) -> bool:
     return request.query.get(name, "false").lower() == "true"
 
 
-async def _body_schema(request: web.Request) -> Schema:
+# A request body that does not arrive in this time (a client that sent a Content-Length
+# longer than its body, or stalled) is answered 408 instead of being waited on forever.
+BODY_TIMEOUT_S = 30.0
+_BODY_TIMEOUT = web.AppKey("body_timeout", float)
+
+
+async def _json_body(request: web.Request) -> Any:
     try:
-        body = json.loads(await request.read() or b"{}")
-    except ValueError:
-        raise web.HTTPBadRequest(reason="Malformed JSON")
+        raw = await asyncio.wait_for(request.read(), request.app[_BODY_TIMEOUT])
+    except asyncio.TimeoutError:
+        raise web.HTTPRequestTimeout(reason="Request body not received in time") from None
+    try:
+        return json.loads(raw or b"{}")
+    except (ValueError, RecursionError):
+        raise web.HTTPBadRequest(reason="Malformed JSON") from None
+
+
+async def _body_schema(request: web.Request) -> Schema:
+    body = await _json_body(request)
     if not isinstance(body, dict) or "schema" not in body:
         raise InvalidSchemaError("Empty schema")
     return parse_schema(body["schema"], body.get("schemaType"), body.get("references"))
@@ -185,10 +203,7 @@ async def get_config(request: web.Request) -> web.Response:
 
 async def put_config(request: web.Request) -> web.Response:
     reg = request.app[_REGISTRY]
-    try:
-        body = json.loads(await request.read() or b"{}")
-    except ValueError:
-        raise web.HTTPBadRequest(reason="Malformed JSON")
+    body = await _json_body(request)
     level = body.get("compatibility") or body.get("compatibilityLevel") if isinstance(body, dict) else None
     c = await _run(request, reg.set_compatibility, level or "", request.match_info.get("subject"))
     return _reply({"compatibility": c.value})
@@ -205,16 +220,21 @@ async def get_mode(request: web.Request) -> web.Response:
 
 
 def _int(text: str) -> int:
+    """A schema id from a path: ids are 32-bit, anything else names no schema (404)."""
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        raise SchemaNotFoundError(f"Schema {text} not found") from None
+        value = -1
+    if not 0 <= value < 2 ** 31:
+        raise SchemaNotFoundError(f"Schema {text[:40]} not found")
+    return value
 
 
-def make_app(registry: SchemaRegistry) -> web.Application:
+def make_app(registry: SchemaRegistry, body_timeout_s: float = BODY_TIMEOUT_S) -> web.Application:
     """The registry's HTTP application (mount it on the broker's --http-port)."""
     app = web.Application(middlewares=[_errors], client_max_size=16 * 1024 * 1024)
     app[_REGISTRY] = registry
+    app[_BODY_TIMEOUT] = body_timeout_s
     r = app.router
     r.add_get("/", root)
     r.add_get("/schemas/types", schema_types)
@@ -242,9 +262,10 @@ def make_app(registry: SchemaRegistry) -> web.Application:
     return app
 
 
-async def start_http(registry: SchemaRegistry, host: str = "0.0.0.0", port: int = 8081) -> web.AppRunner:
+async def start_http(registry: SchemaRegistry, host: str = "0.0.0.0", port: int = 8081,
+                     body_timeout_s: float = BODY_TIMEOUT_S) -> web.AppRunner:
     """Serve the registry in the running event loop; stop it with `await runner.cleanup()`."""
-    runner = web.AppRunner(make_app(registry), access_log=None)
+    runner = web.AppRunner(make_app(registry, body_timeout_s), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -25,8 +25,9 @@ from tests.unit.test_schema_codecs import JSON_SCHEMA, SCHEMA20, make_record, no
 class RegistryServer:
     """The registry's aiohttp app in an event loop of its own thread, on a free port."""
 
-    def __init__(self, registry: SchemaRegistry):
+    def __init__(self, registry: SchemaRegistry, **http_options):
         self.registry = registry
+        self.http_options = http_options
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -36,7 +37,8 @@ class RegistryServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.runner = self.loop.run_until_complete(start_http(self.registry, "127.0.0.1", self.port))
+        self.runner = self.loop.run_until_complete(start_http(self.registry, "127.0.0.1", self.port,
+                                                                     **self.http_options))
         self.started.set()
         self.loop.run_forever()
         self.loop.run_until_complete(self.runner.cleanup())
