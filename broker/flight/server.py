@@ -21,7 +21,7 @@ from fluvial.broker.flight import catalog
 from fluvial.broker.flight import pk as pk_api
 from fluvial.broker.flight import tiering as tiering_api
 from fluvial.broker.flight.append import append_on_loop, split_for_kafka, to_stored, writer_schema_id
-from fluvial.broker.flight.errors import flight_errors, guard
+from fluvial.broker.flight.errors import flight_errors, guard, json_object, malformed_request
 from fluvial.broker.flight.scan import plan_scan, scan_bucket
 from fluvial.broker.tables import Bucket
 from fluvial.client.wire import (
@@ -115,8 +115,13 @@ class TableFlightServer(flight.FlightServerBase):
 
     @flight_errors
     def do_action(self, context, action):
-        body = json.loads(action.body.to_pybytes() or b"{}")
+        body = json_object(action.body.to_pybytes(), f"body of action {action.type!r}")
         kind = action.type
+        # A member of the wrong JSON type fails where the action first uses it.
+        with malformed_request(f"body of action {kind!r}"):
+            return self._do_action(kind, body)
+
+    def _do_action(self, kind: str, body: dict) -> list:
         pk_results = pk_api.do_action(self, kind, body)
         if pk_results is not None:
             return pk_results
@@ -135,7 +140,7 @@ class TableFlightServer(flight.FlightServerBase):
         elif kind == CREATE_TABLE:
             schema = schema_from_b64(body["schema"]) if body.get("schema") else None
             table = self._on_loop(catalog.create_table, self.broker, _name(body), schema,
-                                  int(body.get("buckets", 1)), body.get("kafka_format"), body.get("configs"))
+                                  _buckets(body), body.get("kafka_format"), body.get("configs"))
             result = catalog.describe(table)
         elif kind == DROP_TABLE:
             self._on_loop(self.broker.tables.delete, _name(body))
@@ -148,10 +153,13 @@ class TableFlightServer(flight.FlightServerBase):
 
     @flight_errors
     def do_get(self, context, ticket):
-        request = ScanRequest.from_bytes(ticket.ticket)
-        table = self._table(request.table)
-        bucket = table.bucket(request.bucket)
-        plan = plan_scan(bucket, request, getattr(self.broker, "remote_log", None) if request.tiered else None)
+        with malformed_request("ticket"):
+            request = ScanRequest.from_bytes(ticket.ticket)
+            if not isinstance(request.table, str) or not isinstance(request.bucket, int):
+                raise InvalidRequestError("malformed ticket: table must be a string and bucket an integer")
+            table = self._table(request.table)
+            bucket = table.bucket(request.bucket)
+            plan = plan_scan(bucket, request, getattr(self.broker, "remote_log", None) if request.tiered else None)
         stats = ScanStats()
 
         def cancelled() -> bool:
@@ -171,14 +179,16 @@ class TableFlightServer(flight.FlightServerBase):
 
     @flight_errors
     def do_put(self, context, descriptor, reader, writer):
-        pk_request = pk_api.pk_put_request(descriptor)
+        with malformed_request("put descriptor"):
+            pk_request = pk_api.pk_put_request(descriptor)
         if pk_request is not None:
             return pk_api.do_put(self, pk_request, reader, writer)
-        request = _append_request(descriptor)
-        pk_api.refuse_append(self._table(request.table))
-        table = self._table(request.table)
-        if request.bucket is not None:
-            table.bucket(request.bucket)
+        with malformed_request("append descriptor"):
+            request = _append_request(descriptor)
+            table = self._table(request.table)
+            if request.bucket is not None:
+                table.bucket(request.bucket)
+        pk_api.refuse_append(table)
         counter = self._next_bucket.setdefault(table.name, itertools.count())
         max_bytes = int(table.config("max.message.bytes"))
         for chunk in reader:
@@ -205,15 +215,26 @@ def _name(body: dict) -> str:
     return name
 
 
+def _buckets(body: dict) -> int:
+    buckets = body.get("buckets", 1)
+    if not isinstance(buckets, int) or isinstance(buckets, bool):
+        raise InvalidRequestError(f"buckets must be an integer, not {buckets!r}")
+    return buckets
+
+
 def _descriptor_target(descriptor: flight.FlightDescriptor) -> tuple[str, list[str] | None]:
     """A path descriptor names a table; a command descriptor is JSON {table, columns}."""
     if descriptor.descriptor_type == flight.DescriptorType.PATH:
-        path = [p.decode() if isinstance(p, bytes) else p for p in descriptor.path]
+        with malformed_request("descriptor path"):
+            path = [p.decode() if isinstance(p, bytes) else p for p in descriptor.path]
         if len(path) != 1:
             raise InvalidRequestError(f"a table descriptor is one path element, not {path}")
         return path[0], None
-    body = json.loads(descriptor.command)
-    return _name(body), body.get("columns")
+    body = json_object(descriptor.command, "descriptor command")
+    columns = body.get("columns")
+    if columns is not None and not (isinstance(columns, list) and all(isinstance(c, str) for c in columns)):
+        raise InvalidRequestError("malformed descriptor command: columns must be a list of column names")
+    return _name(body), columns
 
 
 def _append_request(descriptor: flight.FlightDescriptor) -> AppendRequest:
