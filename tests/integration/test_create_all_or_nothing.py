@@ -35,6 +35,15 @@ def test_refused_creation_leaves_nothing_and_the_name_stays_usable(fresh_broker)
     assert f"{name}-value" not in subjects(broker)
     assert not list((broker.data_dir / "log").glob(f"{name}-*"))
 
+    # A refusal after the value schema was registered (the primary-key check comes after
+    # the registry's): the registration is taken back.
+    pk_configs = {"fluvial.value.format": "avro", "fluvial.value.schema": AVRO, "fluvial.primary.key": "nope"}
+    future = admin.create_topics([NewTopic(name, 1, 1, config=pk_configs)])[name]
+    with pytest.raises(KafkaException):
+        future.result(15)
+    assert f"{name}-value" not in subjects(broker)
+    assert name not in topics(broker.bootstrap)
+
     broker.restart()
     assert name not in topics(broker.bootstrap)
 
