@@ -9,7 +9,7 @@ the last applied offset, so RocksDB never holds a change the log lacks, nor miss
 """
 from __future__ import annotations
 
-import enum
+import json
 import logging
 import shutil
 from dataclasses import dataclass
@@ -22,28 +22,19 @@ import pyarrow.compute as pc
 from rocksdict import BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from fluvial.errors import InvalidRecordError
+from fluvial.kv.change_types import ChangeType
 from fluvial.kv.row_codec import DATA_PREFIX, KeyLayout, RowCodec, struct_of
+from fluvial.kv.change_types import FIRST_HIDDEN, is_retraction
 from fluvial.kv.rowmerger import Action, MergeEngine, MergeSpec, merger_for
+from fluvial.kv.rowmerger.aggregate import AggregateMerger
+from fluvial.kv.rowmerger.retract import INPUT_DELETE_KEY, RetractMaterializer, RetractStats
 
 log = logging.getLogger(__name__)
 
 _APPLIED_KEY = b"m/applied"  # next log offset whose change is not yet in RocksDB
+_STATS_KEY = b"m/retract-stats"  # figures of the retract state, written with the rows they describe
 _SCHEMA_KEY = b"m/schema/"  # + 2-byte row schema number -> Arrow schema (IPC)
 _SCAN_CHUNK = 8192
-
-
-class ChangeType(enum.IntEnum):
-    """`_change` of a stored row (`+A` is an append to a log table)."""
-
-    APPEND = 0
-    INSERT = 1
-    UPDATE_BEFORE = 2
-    UPDATE_AFTER = 3
-    DELETE = 4
-
-    @property
-    def label(self) -> str:
-        return ("+A", "+I", "-U", "+U", "-D")[self]
 
 
 CHANGE_COLUMN = "_change"
@@ -58,6 +49,7 @@ class KvWrite:
     changelog: pa.RecordBatch
     keys: list[bytes]
     values: list[bytes | None]  # None deletes the key
+    stats: RetractStats | None = None  # change of the retract state's figures
 
     @property
     def empty(self) -> bool:
@@ -110,6 +102,11 @@ class KvTablet:
             self.db.put(self._schema_key(self.codec.number), schema.serialize().to_pybytes(), self._write_opts)
         raw = db.get(_APPLIED_KEY)
         self.applied_offset = int.from_bytes(raw, "big") if raw is not None else 0
+        self._retract = RetractMaterializer(schema, spec.upsert_key, spec.state_ttl_ms) \
+            if spec.engine is MergeEngine.RETRACT else None
+        self._aggregate = AggregateMerger(schema, spec.aggregates) if spec.engine is MergeEngine.AGGREGATION else None
+        raw = db.get(_STATS_KEY)
+        self.retract_stats = RetractStats.from_json(json.loads(raw)) if raw is not None else RetractStats()
 
     @staticmethod
     def _schema_key(number: int) -> bytes:
@@ -135,17 +132,24 @@ class KvTablet:
             return
         self.codec = RowCodec(schema, self.codec.schemas)
         self._row_type = pa.struct([f.with_nullable(True) for f in schema])
+        if self._retract is not None:
+            self._retract = RetractMaterializer(schema, self.spec.upsert_key, self.spec.state_ttl_ms)
+        if self._aggregate is not None:
+            self._aggregate = AggregateMerger(schema, self.spec.aggregates)
         self.db.put(self._schema_key(self.codec.number), schema.serialize().to_pybytes(), self._write_opts)
 
     # ------------------------------------------------------------ write path
     def prepare(self, rows: pa.RecordBatch | pa.Table, *, deletes: np.ndarray | None = None,
-                partial_columns: list[str] | None = None) -> KvWrite:
+                partial_columns: list[str] | None = None, changes: np.ndarray | None = None,
+                timestamps: np.ndarray | None = None) -> KvWrite:
         """Read old rows, merge and build the changelog of one write batch. Touches nothing.
 
         `rows` holds the table's columns (a delete needs only the key columns), or with
-        `partial_columns` the primary key and those target columns. Several writes of one
-        key apply in order. Raises InvalidRecordError for writes that cannot be applied;
-        then nothing is.
+        `partial_columns` the primary key and those target columns. `changes` is each row's
+        change type (`ChangeType` +I/-U/+U/-D codes; None: all ADD); `deletes` marks rows
+        that delete their key (no row to retract). `timestamps` (ms) date the rows for the
+        retract state's TTL. Several writes of one key apply in order. Raises
+        InvalidRecordError for writes that cannot be applied; then nothing is.
         """
         if isinstance(rows, pa.Table):
             rows = rows.combine_chunks()
@@ -154,8 +158,17 @@ class KvTablet:
         deletes = np.zeros(n, bool) if deletes is None else np.asarray(deletes, bool)
         if deletes.size != n:
             raise InvalidRecordError(f"{deletes.size} delete flags for {n} rows")
+        retract = np.zeros(n, bool) if changes is None else is_retraction(np.asarray(changes)) & ~deletes
+        if retract.size != n:
+            raise InvalidRecordError(f"{retract.size} change types for {n} rows")
         self.layout.check_keys(rows)
-        self.spec.check_write(rows.schema.names, deletes=bool(deletes.any()), partial_columns=partial_columns)
+        self.spec.check_write(rows.schema.names, deletes=bool(deletes.any()), partial_columns=partial_columns,
+                              retractions=bool(retract.any()))
+        if self._retract is not None or self._aggregate is not None:
+            return self._prepare_stateful(rows, deletes, retract, timestamps)
+        # Engines that keep one row per key: a retraction deletes it (what a plain upsert
+        # sink does: right only when the changelog arrives in order).
+        deletes = deletes | retract
         new_rows = self._conform(rows, deletes, partial_columns)
         if n == 0:
             return KvWrite(self._changelog_batch(pa.array([], self._row_type), [], []), [], [])
@@ -251,6 +264,86 @@ class KvTablet:
         if deleted.any():
             final_bytes = pc.if_else(pa.array(deleted), pa.scalar(None, pa.binary()), final_bytes)
         return KvWrite(changelog, [unique_keys[i] for i in touched.tolist()], final_bytes.to_pylist())
+
+    def _prepare_stateful(self, rows: pa.RecordBatch, deletes: np.ndarray, retract: np.ndarray,
+                          timestamps: np.ndarray | None) -> KvWrite:
+        """The `retract` and `aggregation` engines: every ADD/RETRACT row folds into its key's state."""
+        n = rows.num_rows
+        new_rows = self._conform(rows, deletes, None)
+        if n == 0:
+            return KvWrite(self._changelog_batch(pa.array([], self._row_type), [], []), [], [])
+        rowful = np.flatnonzero(~deletes)
+        if rowful.size:
+            self._check_required(new_rows.take(pa.array(rowful)), rowful)
+        encoded = pc.dictionary_encode(self.layout.storage_keys(rows))
+        group = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        unique_keys = encoded.dictionary.to_pylist()
+        if self._aggregate is not None:
+            return self._prepare_aggregate(new_rows, group, unique_keys, deletes, retract)
+        values: list = [None] * n
+        if rowful.size:
+            enc = self.codec.encode(new_rows.take(pa.array(rowful))).to_pylist()
+            for i, v in zip(rowful.tolist(), enc):
+                values[i] = v
+        from fluvial.kv.rowmerger.retract import state_key
+        old_states = self.db.get([state_key(k) for k in unique_keys])
+        idents = self._retract.idents(new_rows, values)
+        times = np.zeros(n, np.int64) if timestamps is None else np.asarray(timestamps, np.int64)
+        res = self._retract.merge(group, unique_keys, old_states, retract, deletes, idents, values, times)
+        pool = new_rows
+        if res.stored_rows:
+            stored = self.codec.decode(pa.array(res.stored_rows, pa.binary())).cast(self._row_type)
+            pool = pa.concat_arrays([new_rows, stored])
+        take = np.where(res.ref >= 0, res.ref, n - 1 - res.ref)
+        changelog = self._changelog_batch(pool.take(pa.array(take)), res.change, res.src)
+        return KvWrite(changelog, res.keys, res.values, res.stats)
+
+    def _prepare_aggregate(self, new_rows: pa.StructArray, group: np.ndarray, unique_keys: list[bytes],
+                           deletes: np.ndarray, retract: np.ndarray) -> KvWrite:
+        self._aggregate.check_retractions(retract)
+        g_count = len(unique_keys)
+        old_values = self.db.get(unique_keys)
+        exists = np.fromiter((v is not None for v in old_values), bool, g_count)
+        present = np.flatnonzero(exists)
+        old_bytes = pa.array(old_values, pa.binary())
+        if present.size:
+            take = np.full(g_count, -1, np.int64)
+            take[present] = np.arange(present.size)
+            decoded = self.codec.decode(old_bytes.take(pa.array(present))).cast(self._row_type)
+            old_rows = decoded.take(pa.array(take, mask=~exists))
+        else:
+            old_rows = pa.nulls(g_count, self._row_type)
+        final, final_exists, last_write = self._aggregate.fold(new_rows, group, g_count, old_rows, exists,
+                                                               retract, deletes)
+        live = np.flatnonzero(final_exists)
+        final_bytes = pa.nulls(g_count, pa.binary())
+        if live.size:
+            self._check_required(final.take(pa.array(live)), last_write[live])
+            scatter = np.full(g_count, -1, np.int64)
+            scatter[live] = np.arange(live.size)
+            final_bytes = self.codec.encode(final.take(pa.array(live))).take(pa.array(scatter, mask=scatter < 0))
+        same = pc.fill_null(pc.equal(final_bytes, old_bytes), False).to_numpy(zero_copy_only=False)
+        insert = final_exists & ~exists
+        delete = exists & ~final_exists
+        update = exists & final_exists & ~same
+        # Changelog rows per key: (source write, sub-order, change, pool position) with the
+        # pool = stored rows (0..g-1), then the folded rows (g..2g-1).
+        parts = []
+        for mask, sub, change, offset in ((insert, 0, ChangeType.INSERT, g_count),
+                                          (update, 0, ChangeType.UPDATE_BEFORE, 0),
+                                          (update, 1, ChangeType.UPDATE_AFTER, g_count),
+                                          (delete, 0, ChangeType.DELETE, 0)):
+            k = np.flatnonzero(mask)
+            parts.append((last_write[k], np.full(k.size, sub), np.full(k.size, change, np.int8), k + offset))
+        src = np.concatenate([p[0] for p in parts])
+        o = np.lexsort((np.concatenate([p[1] for p in parts]), src))
+        change = np.concatenate([p[2] for p in parts])[o]
+        where = np.concatenate([p[3] for p in parts])[o]
+        pool = pa.concat_arrays([old_rows, final])
+        changelog = self._changelog_batch(pool.take(pa.array(where)), change, src[o])
+        touched = np.flatnonzero(insert | update | delete)
+        return KvWrite(changelog, [unique_keys[i] for i in touched.tolist()],
+                       final_bytes.take(pa.array(touched)).to_pylist())
 
     def _versioned_state(self, new_rows: pa.StructArray, old_rows: pa.StructArray, exists: np.ndarray,
                          group: np.ndarray, order: np.ndarray, first_in_group: np.ndarray, g_count: int) -> np.ndarray:
@@ -373,9 +466,16 @@ class KvTablet:
                 wb.delete(key)
             else:
                 wb.put(key, value)
+        stats = None
+        if write.stats is not None:
+            stats = RetractStats.from_json(self.retract_stats.to_json())
+            stats.add(write.stats)
+            wb.put(_STATS_KEY, json.dumps(stats.to_json()).encode())
         wb.put(_APPLIED_KEY, int(next_offset).to_bytes(8, "big"))
         self.db.write(wb, self._write_opts)
         self.applied_offset = next_offset
+        if stats is not None:
+            self.retract_stats = stats
 
     # ------------------------------------------------------------ recovery
     def replay(self, batches: Iterable[pa.RecordBatch]) -> int:
@@ -400,6 +500,12 @@ class KvTablet:
                 else:
                     cols.append(pa.nulls(batch.num_rows, f.type))
             rows = pa.RecordBatch.from_arrays(cols, names=names)
+            next_offset = int(offsets[-1]) + 1
+            if self._retract is not None:
+                # The list state is rebuilt from the written rows logged with the changelog.
+                self._replay_inputs(batch, rows, change, next_offset)
+                applied += batch.num_rows
+                continue
             keys = self.layout.storage_keys(rows).to_pylist()
             puts = np.flatnonzero((change == ChangeType.INSERT) | (change == ChangeType.UPDATE_AFTER))
             encoded = np.empty(batch.num_rows, object)
@@ -411,12 +517,29 @@ class KvTablet:
                     wb.put(keys[i], encoded[i])
                 elif c == ChangeType.DELETE:
                     wb.delete(keys[i])
-            next_offset = int(offsets[-1]) + 1
             wb.put(_APPLIED_KEY, next_offset.to_bytes(8, "big"))
             self.db.write(wb, self._write_opts)
             self.applied_offset = next_offset
             applied += batch.num_rows
         return applied
+
+    def _replay_inputs(self, batch: pa.RecordBatch, rows: pa.RecordBatch, change: np.ndarray,
+                       next_offset: int) -> None:
+        inputs = np.flatnonzero(change >= FIRST_HIDDEN)
+        if inputs.size == 0:
+            self.apply(KvWrite(self._changelog_batch(pa.array([], self._row_type), [], []), [], []), next_offset)
+            return
+        code = change[inputs]
+        deletes = code == INPUT_DELETE_KEY
+        changes = np.where(code == ChangeType.INPUT_RETRACT, ChangeType.DELETE, ChangeType.INSERT).astype(np.int8)
+        times = batch.column("_timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)[inputs] \
+            if "_timestamp" in batch.schema.names else None
+        part = rows.take(pa.array(inputs))
+        if deletes.any():
+            keep = [f.name for f in self.schema if f.name in self.layout.primary_key or not deletes.all()]
+            part = part.select(keep)
+        write = self.prepare(part, deletes=deletes, changes=changes, timestamps=times)
+        self.apply(write, next_offset)
 
     # ------------------------------------------------------------ reads
     def lookup(self, keys: pa.RecordBatch | pa.Table) -> pa.Table:

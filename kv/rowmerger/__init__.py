@@ -15,6 +15,8 @@ class MergeEngine(str, enum.Enum):
     LAST_ROW = "last_row"
     FIRST_ROW = "first_row"
     VERSIONED = "versioned"
+    RETRACT = "retract"  # per key the list of live rows: reordered changelogs materialize right
+    AGGREGATION = "aggregation"  # per non-key column an aggregate function
 
 
 class Action(enum.IntEnum):
@@ -37,10 +39,14 @@ class MergeSpec:
 
     engine: MergeEngine = MergeEngine.LAST_ROW
     version_column: str | None = None
+    upsert_key: tuple[str, ...] | None = None  # retract: what identifies a row in a key's list (None: all columns)
+    state_ttl_ms: int | None = None  # retract: live rows older than this are dropped (but the visible one)
+    aggregates: tuple[tuple[str, str], ...] = ()  # aggregation: (column, function) of every non-key column
 
     @classmethod
     def of(cls, schema: pa.Schema, primary_key: list[str], engine: str | None,
-           version_column: str | None) -> "MergeSpec":
+           version_column: str | None, *, upsert_key: list[str] | None = None, state_ttl_ms: str | int | None = None,
+           aggregates: dict[str, str] | None = None) -> "MergeSpec":
         try:
             eng = MergeEngine((engine or "last_row").lower())
         except ValueError:
@@ -58,18 +64,50 @@ class MergeSpec:
                 raise InvalidConfigError(f"version column {version_column!r} cannot be part of the primary key")
         elif version_column:
             raise InvalidConfigError(f"a version column is only used by merge engine 'versioned', not {eng.value!r}")
-        return cls(eng, version_column or None)
+        if (upsert_key or state_ttl_ms not in (None, "")) and eng is not MergeEngine.RETRACT:
+            raise InvalidConfigError(f"an upsert key and a state TTL are only used by merge engine 'retract', "
+                                     f"not {eng.value!r}")
+        if aggregates and eng is not MergeEngine.AGGREGATION:
+            raise InvalidConfigError(f"aggregate functions (fluvial.agg.<column>) are only used by merge engine "
+                                     f"'aggregation', not {eng.value!r}")
+        ukey = None
+        ttl = None
+        if eng is MergeEngine.RETRACT:
+            if upsert_key:
+                unknown = [c for c in upsert_key if c not in schema.names]
+                if unknown:
+                    raise InvalidConfigError(f"upsert-key column(s) {unknown} are not columns of the table {schema.names}")
+                ukey = tuple(dict.fromkeys(upsert_key))
+            if state_ttl_ms not in (None, ""):
+                try:
+                    ttl = int(state_ttl_ms)
+                except (TypeError, ValueError):
+                    raise InvalidConfigError(f"Invalid state TTL {state_ttl_ms!r}: milliseconds expected") from None
+                if ttl <= 0:
+                    raise InvalidConfigError(f"Invalid state TTL {ttl}: it must be positive (leave it unset to keep "
+                                             "every live row)")
+        aggs: tuple[tuple[str, str], ...] = ()
+        if eng is MergeEngine.AGGREGATION:
+            from fluvial.kv.rowmerger.aggregate import check_aggregates
+            aggs = check_aggregates(schema, primary_key, aggregates or {})
+        return cls(eng, version_column or None, ukey, ttl, aggs)
 
-    def check_write(self, columns: list[str], *, deletes: bool, partial_columns: list[str] | None) -> None:
+    @property
+    def keeps_state_rows(self) -> bool:
+        """The engine keeps more per key than the visible row: written rows are logged."""
+        return self.engine is MergeEngine.RETRACT
+
+    def check_write(self, columns: list[str], *, deletes: bool, partial_columns: list[str] | None,
+                    retractions: bool = False) -> None:
         """Refuse writes this engine cannot take (InvalidRecordError), before anything is applied."""
         if partial_columns is not None and self.engine is not MergeEngine.LAST_ROW:
             raise InvalidRecordError(f"partial updates are not supported by merge engine {self.engine.value!r} "
                                      "(only by the default 'last_row')")
-        if deletes and partial_columns is not None:
+        if (deletes or retractions) and partial_columns is not None:
             raise InvalidRecordError("a partial update cannot carry deletes; delete in a write of its own")
-        if deletes and self.engine is not MergeEngine.LAST_ROW:
-            raise InvalidRecordError(f"deletes are not supported by merge engine {self.engine.value!r}: "
-                                     "it keeps the first or the highest-version row")
+        if (deletes or retractions) and self.engine in (MergeEngine.FIRST_ROW, MergeEngine.VERSIONED):
+            raise InvalidRecordError(f"deletes are not supported (nor retractions -U/-D) by merge engine "
+                                     f"{self.engine.value!r}: it keeps the first or the highest-version row")
         if self.engine is MergeEngine.VERSIONED and self.version_column not in columns:
             raise InvalidRecordError(f"writes to a 'versioned' table must carry the version column "
                                      f"{self.version_column!r}")
