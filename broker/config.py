@@ -74,6 +74,20 @@ class TopicConfigDef:
     immutable: bool = False
 
 
+# `fluvial.agg.<column>`: the aggregate function of a column (merge engine 'aggregation').
+AGG_CONFIG_PREFIX = "fluvial.agg."
+_AGG_CONFIG = TopicConfigDef(AGG_CONFIG_PREFIX + "<column>", "", "string",
+                             "Merge engine 'aggregation': the aggregate function of a column.", immutable=True)
+
+
+def config_def(name: str) -> "TopicConfigDef | None":
+    """The definition of a topic config name (per-column aggregate functions share one)."""
+    d = TOPIC_CONFIGS.get(name)
+    if d is None and name.startswith(AGG_CONFIG_PREFIX) and len(name) > len(AGG_CONFIG_PREFIX):
+        return _AGG_CONFIG
+    return d
+
+
 # Topic configs a client may set, with the defaults a topic gets when it sets none.
 TOPIC_CONFIGS: dict[str, TopicConfigDef] = {c.name: c for c in [
     TopicConfigDef("retention.ms", str(7 * DAY_MS), "long", "Delete closed segments older than this (-1: keep forever)."),
@@ -108,8 +122,12 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {c.name: c for c in [
     TopicConfigDef("fluvial.key.format", "", "string", "Format of the Kafka key of a primary-key table "
                    "(default: the value format).", ("", "avro", "json"), immutable=True),
     TopicConfigDef("fluvial.merge.engine", "last_row", "string", "How a write merges with the current row of its key.",
-                   ("last_row", "first_row", "versioned"), immutable=True),
+                   ("last_row", "first_row", "versioned", "retract", "aggregation"), immutable=True),
     TopicConfigDef("fluvial.version.column", "", "string", "Version column of merge engine 'versioned'.", immutable=True),
+    TopicConfigDef("fluvial.upsert.key", "", "string", "Merge engine 'retract': the columns identifying a row among "
+                   "the live rows of its key (default: all columns).", immutable=True),
+    TopicConfigDef("fluvial.retract.state.ttl.ms", "", "string", "Merge engine 'retract': live rows (but the "
+                   "visible one) older than this are dropped (default: kept until retracted).", immutable=True),
     TopicConfigDef("fluvial.lake.enable", "false", "bool",
                    "Materialize the table into a lake table (Apache Iceberg), kept up to date by tiering jobs."),
     TopicConfigDef("fluvial.lake.freshness", "30s", "duration",
@@ -139,7 +157,7 @@ def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
 
     out: dict[str, str] = {}
     for name, value in configs.items():
-        d = TOPIC_CONFIGS.get(name)
+        d = config_def(name)
         if d is None:
             raise InvalidConfigError(f"Unknown topic config name: {name}")
         if value is None:
@@ -186,6 +204,9 @@ def check_alterable(current: dict[str, str], new: dict[str, str]) -> None:
 
     for name, d in TOPIC_CONFIGS.items():
         if d.immutable and current.get(name, d.default) != new.get(name, d.default):
+            raise InvalidConfigError(f"{name} is fixed when a table is created and cannot be altered")
+    for name in {*current, *new}:
+        if name.startswith(AGG_CONFIG_PREFIX) and current.get(name, "") != new.get(name, ""):
             raise InvalidConfigError(f"{name} is fixed when a table is created and cannot be altered")
 
 

@@ -32,6 +32,9 @@ from fluvial.broker.tables import Bucket, Table
 from fluvial.errors import InvalidConfigError, InvalidRecordError, InvalidRequestError, InvalidTableError, StorageError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec, SnapshotInfo, SnapshotStore
 from fluvial.kv.bucketing import buckets_of
+from fluvial.kv.change_types import FIRST_HIDDEN, WRITABLE_LABELS, parse_changes
+from fluvial.kv.rowmerger.aggregate import AGG_PREFIX, aggregates_from_configs
+from fluvial.kv.rowmerger.retract import RetractStats
 from fluvial.kv.tablet import CHANGE_COLUMN, SOURCE_COLUMN
 from fluvial.protocol.records import BatchHeader, RecordColumns, build_batch, decode_records
 from fluvial.tiering.kv_snapshots import RemoteKvSnapshot, RemoteKvSnapshots, bucket_prefix
@@ -45,6 +48,8 @@ MERGE_ENGINE = "fluvial.merge.engine"
 VERSION_COLUMN = "fluvial.version.column"
 VALUE_FORMAT = "fluvial.value.format"
 VALUE_SCHEMA = "fluvial.value.schema"
+UPSERT_KEY = "fluvial.upsert.key"
+RETRACT_STATE_TTL = "fluvial.retract.state.ttl.ms"
 CHANGELOG_SUFFIX = ".changelog"
 CHANGE_HEADER = "fluvial.change"
 
@@ -57,6 +62,7 @@ REMOTE_SNAPSHOT_RETAIN = int(os.environ.get("FLUVIAL_KV_REMOTE_SNAPSHOT_RETAIN",
 INLINE_ROWS = 256
 _REPLAY_CHUNK_BYTES = 16 << 20
 _LABELS = [c.label.encode() for c in ChangeType]
+_KEY_SETTINGS = (PRIMARY_KEY, BUCKET_KEY, KEY_FORMAT, MERGE_ENGINE, VERSION_COLUMN, UPSERT_KEY, RETRACT_STATE_TTL)
 
 
 def _columns(text: str | None) -> list[str]:
@@ -275,8 +281,7 @@ class ChangelogTable(Table):
 
 def _changelog_view(table: Table) -> ChangelogTable:
     # The view is a plain (read-only) log of the table's changes: no key settings of its own.
-    configs = {k: v for k, v in table.configs.items()
-               if k not in (PRIMARY_KEY, BUCKET_KEY, KEY_FORMAT, MERGE_ENGINE, VERSION_COLUMN)}
+    configs = {k: v for k, v in table.configs.items() if k not in _KEY_SETTINGS and not k.startswith(AGG_PREFIX)}
     view = ChangelogTable(table.name + CHANGELOG_SUFFIX, uuid.uuid5(table.topic_id, "changelog"),
                           configs, table.created_ms, source=table)
     view.value_format = table.value_format
@@ -312,7 +317,7 @@ class PkTableService:
                     if stale.name[len(name) + 1:].isdigit():
                         shutil.rmtree(stale, ignore_errors=True)
         pk_cols = _columns(configs.get(PRIMARY_KEY))
-        others = [c for c in (BUCKET_KEY, KEY_FORMAT, MERGE_ENGINE, VERSION_COLUMN) if configs.get(c)]
+        others = [c for c in configs if configs.get(c) and (c in _KEY_SETTINGS[1:] or c.startswith(AGG_PREFIX))]
         if not pk_cols:
             if others:
                 raise InvalidConfigError(f"{others} need a primary key ({PRIMARY_KEY})")
@@ -550,7 +555,9 @@ def table_spec(schema: pa.Schema, configs: dict[str, str]) -> tuple[KeyLayout, M
     bucket_key = _columns(configs.get(BUCKET_KEY)) or pk_cols
     if bucket_key != pk_cols[:len(bucket_key)] or not bucket_key:
         raise InvalidConfigError(f"bucket key {bucket_key} must be a prefix of the primary key {pk_cols}")
-    spec = MergeSpec.of(schema, pk_cols, configs.get(MERGE_ENGINE), configs.get(VERSION_COLUMN))
+    spec = MergeSpec.of(schema, pk_cols, configs.get(MERGE_ENGINE), configs.get(VERSION_COLUMN),
+                        upsert_key=_columns(configs.get(UPSERT_KEY)) or None,
+                        state_ttl_ms=configs.get(RETRACT_STATE_TTL), aggregates=aggregates_from_configs(configs))
     return KeyLayout(schema, pk_cols, bucket_key), spec
 
 
@@ -702,13 +709,14 @@ class WriteRows:
     partial_columns: list[str] | None = None
     timestamps: np.ndarray | None = None  # int64 ms per row
     headers: pa.Array | None = None  # Kafka record headers per row
+    changes: np.ndarray | None = None  # int8 change type per row (+I/-U/+U/-D); None: every row an ADD
 
 
 async def write_rows(bucket: Bucket, rows: pa.RecordBatch, *, deletes: np.ndarray | None = None,
                      partial_columns: list[str] | None = None, meta: BatchMeta | None = None,
                      timestamps: np.ndarray | None = None, headers: pa.Array | None = None,
-                     check_bucket: bool = True, on_append: Callable[[BatchMeta], None] | None = None
-                     ) -> BatchMeta:
+                     check_bucket: bool = True, on_append: Callable[[BatchMeta], None] | None = None,
+                     changes: np.ndarray | None = None) -> BatchMeta:
     """Upsert/delete rows of one bucket: merge (off the loop when large), append the
     changelog to the log tablet, then apply to RocksDB. Returns the changelog's meta
     (record_count 0 when nothing changed). Raises InvalidRecordError; then nothing is written.
@@ -717,7 +725,8 @@ async def write_rows(bucket: Bucket, rows: pa.RecordBatch, *, deletes: np.ndarra
     pk = _state(bucket.table)
     kv = pk.buckets[bucket.index]
     async with kv.lock:
-        write, stored = await _prepare(pk, bucket, rows, deletes, partial_columns, timestamps, headers, check_bucket)
+        write, stored = await _prepare(pk, bucket, rows, deletes, partial_columns, timestamps, headers, check_bucket,
+                                       changes)
         written, apply = _append(pk, bucket, write, stored, meta)
         if on_append is not None:
             on_append(written)
@@ -727,14 +736,18 @@ async def write_rows(bucket: Bucket, rows: pa.RecordBatch, *, deletes: np.ndarra
 
 
 async def _prepare(pk: PkTable, bucket: Bucket, rows: pa.RecordBatch, deletes, partial_columns, timestamps,
-                   headers, check_bucket: bool):
+                   headers, check_bucket: bool, changes: np.ndarray | None = None):
     """Merge one bucket's write (the caller holds the bucket's lock): (KvWrite, stored changelog | None)."""
     kv = pk.buckets[bucket.index]
+    if timestamps is None and pk.spec.keeps_state_rows:
+        # The merge state's TTL dates rows by the time stored with them: replay sees the same.
+        timestamps = np.full(rows.num_rows, kafka_batches.now_ms(), np.int64)
 
     def prepare():
         if check_bucket:
             _check_bucket(pk, rows, bucket.index)
-        write = kv.tablet.prepare(rows, deletes=deletes, partial_columns=partial_columns)
+        write = kv.tablet.prepare(rows, deletes=deletes, partial_columns=partial_columns, changes=changes,
+                                  timestamps=timestamps)
         if write.empty:
             return write, None
         return write, _stored_changelog(pk, write.changelog, timestamps, headers)
@@ -828,7 +841,7 @@ async def write_table_rows(table: Table, rows: pa.RecordBatch | pa.Table, *, del
     """Table API writes: rows of any buckets, split by their key's bucket. Every bucket's
     write is merged (in parallel) before any is appended, so a refused row leaves every
     bucket untouched. Durable per the broker's flush policy when this returns. Returns
-    (bucket, meta) pairs."""
+    (bucket, meta) pairs. A `_change` column gives each row's change type (+I, -U, +U, -D)."""
     pk = _state(table)
     if isinstance(rows, pa.Table):
         rows = rows.combine_chunks()
@@ -836,24 +849,32 @@ async def write_table_rows(table: Table, rows: pa.RecordBatch | pa.Table, *, del
     n = rows.num_rows
     if n == 0:
         return []
+    changes = None
+    if CHANGE_COLUMN in rows.schema.names:
+        changes = parse_changes(rows.column(CHANGE_COLUMN), CHANGE_COLUMN)
+        rows = rows.drop_columns([CHANGE_COLUMN])
     pk.layout.check_keys(rows)
+    retracting = changes is not None and bool(((changes == ChangeType.UPDATE_BEFORE)
+                                               | (changes == ChangeType.DELETE)).any())
     pk.spec.check_write(rows.schema.names, deletes=deletes is not None and bool(np.asarray(deletes).any()),
-                        partial_columns=partial_columns)
+                        partial_columns=partial_columns, retractions=retracting)
     ids = pk.bucket_ids(rows)
     parts = []
     for b in np.unique(ids).tolist():
         sel = np.flatnonzero(ids == b)
         part = rows if sel.size == n else rows.take(pa.array(sel))
         dels = None if deletes is None else np.asarray(deletes, bool)[sel]
-        parts.append((table.buckets[b], part, dels))
-    locks = [pk.buckets[bucket.index].lock for bucket, _, _ in parts]  # ascending bucket order
+        chg = None if changes is None else changes[sel]
+        parts.append((table.buckets[b], part, dels, chg))
+    locks = [pk.buckets[bucket.index].lock for bucket, _, _, _ in parts]  # ascending bucket order
     for lock in locks:
         await lock.acquire()
     try:
         prepared = await asyncio.gather(*(
-            _prepare(pk, bucket, part, dels, partial_columns, None, None, False) for bucket, part, dels in parts))
+            _prepare(pk, bucket, part, dels, partial_columns, None, None, False, chg)
+            for bucket, part, dels, chg in parts))
         out, applies, durable = [], [], []
-        for (bucket, _, _), (write, stored) in zip(parts, prepared):
+        for (bucket, _, _, _), (write, stored) in zip(parts, prepared):
             written, apply = _append(pk, bucket, write, stored, None)
             out.append((bucket.index, written))
             if apply is not None:
@@ -947,7 +968,53 @@ def to_write(bucket: Bucket, wire: memoryview, header: BatchHeader, *,
                      max_timestamp=max_ts, producer_id=header.producer_id, producer_epoch=header.producer_epoch,
                      base_sequence=header.base_sequence, attributes=attributes,
                      partition_leader_epoch=header.partition_leader_epoch)
-    return WriteRows(rows, tombstone if tombstone.any() else None, None, ts, cols.headers), meta
+    changes, headers = changes_from_headers(cols.headers, tombstone)
+    return WriteRows(rows, tombstone if tombstone.any() else None, None, ts, headers, changes), meta
+
+
+def changes_from_headers(headers: pa.Array | None, tombstone: np.ndarray) -> tuple[np.ndarray | None, pa.Array | None]:
+    """Each record's change type from its `fluvial.change` header (+I/+U when absent, -D for
+    a tombstone), and the headers without it (the changelog adds its own). None when no
+    record carries one. Raises InvalidRecordError naming every invalid record."""
+    if headers is None or len(headers) == 0:
+        return None, headers
+    if isinstance(headers, pa.ChunkedArray):
+        headers = headers.combine_chunks()
+    flat = headers.flatten()
+    if len(flat) == 0:
+        return None, headers
+    hit = pc.fill_null(pc.equal(flat.field("key"), CHANGE_HEADER), False).to_numpy(zero_copy_only=False)
+    if not hit.any():
+        return None, headers
+    parents = pc.list_parent_indices(headers).to_numpy(zero_copy_only=False)
+    at = np.flatnonzero(hit)
+    rows = parents[at]
+    n = len(headers)
+    try:
+        parsed = parse_changes(flat.field("value").take(pa.array(at)), f"header {CHANGE_HEADER!r}")
+    except InvalidRecordError as exc:
+        errors = [(int(rows[i]), msg) for i, msg in exc.record_errors]
+        raise InvalidRecordError(f"record {errors[0][0]}: {errors[0][1]} ({len(errors)} invalid record(s); "
+                                 "nothing of the batch was written)", record_errors=errors) from None
+    changes = np.where(tombstone, ChangeType.DELETE, ChangeType.INSERT).astype(np.int8)
+    # The last header of a record decides (headers keep their order).
+    last = np.full(n, -1, np.int64)
+    np.maximum.at(last, rows, np.arange(at.size))
+    has = last >= 0
+    changes[has] = parsed[last[has]]
+    adds = np.flatnonzero(tombstone & ((changes == ChangeType.INSERT) | (changes == ChangeType.UPDATE_AFTER)))
+    if adds.size:
+        msg = "a record without a value (a tombstone) can only be a -D or -U, not an ADD (+I/+U)"
+        raise InvalidRecordError(f"record {int(adds[0])}: {msg}; nothing of the batch was written",
+                                 record_errors=[(int(i), msg) for i in adds[:100]])
+    keep = ~hit
+    lengths = np.diff(headers.offsets.to_numpy(zero_copy_only=False).astype(np.int64))
+    lengths = lengths - np.bincount(rows, minlength=n)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    stripped = pa.ListArray.from_arrays(pa.array(offsets), flat.filter(pa.array(keep)), type=headers.type,
+                                        mask=headers.is_null() if headers.null_count else None)
+    return changes, stripped
 
 
 async def produce(bucket: Bucket, write: WriteRows, meta: BatchMeta,
@@ -955,7 +1022,7 @@ async def produce(bucket: Bucket, write: WriteRows, meta: BatchMeta,
     """Produce path: write what `to_write` decoded (the bucket was checked there)."""
     return await write_rows(bucket, write.rows, deletes=write.deletes, partial_columns=write.partial_columns,
                             meta=meta, timestamps=write.timestamps, headers=write.headers, check_bucket=False,
-                            on_append=on_append)
+                            on_append=on_append, changes=write.changes)
 
 
 # ---------------------------------------------------------------- the Kafka fetch views
@@ -978,13 +1045,23 @@ def changelog_wire(table: Table, stored: StoredBatch, *, full: bool, compression
     """A stored changelog batch as a Kafka v2 batch, in the upsert or the full view."""
     meta, batch = stored.meta, stored.batch
     change = batch.column("_change").to_numpy(zero_copy_only=False)
+    shown = change < FIRST_HIDDEN  # the merge state's logged input rows are never shown
     if not full:
-        keep = np.flatnonzero(change != ChangeType.UPDATE_BEFORE)
+        shown &= change != ChangeType.UPDATE_BEFORE
+    if not shown.all():
+        keep = np.flatnonzero(shown)
         if keep.size == 0:
-            return None
-        if keep.size < batch.num_rows:
-            batch = batch.take(pa.array(keep))
-            change = change[keep]
+            # Nothing to show (only state rows): an empty batch still moves consumers past its
+            # offsets, as the empty batches compaction leaves in Kafka do.
+            return build_batch(base_offset=meta.base_offset, partition_leader_epoch=leader_epoch,
+                               attributes=meta.attributes & ~kafka_batches.ATTR_CODEC_MASK,
+                               base_timestamp=meta.base_timestamp, max_timestamp=meta.max_timestamp,
+                               producer_id=meta.producer_id, producer_epoch=meta.producer_epoch,
+                               base_sequence=meta.base_sequence, columns=_NO_RECORDS,
+                               compression=kafka_batches.fetch_codec("uncompressed", meta),
+                               last_offset_delta=meta.last_offset_delta)
+        batch = batch.take(pa.array(keep))
+        change = change[keep]
     fmt = kafka_batches.format_of(StoredBatch(meta, batch), table.value_format)
     values = fmt.to_values(batch, meta.schema_id)
     if not full:
@@ -1007,6 +1084,11 @@ def changelog_wire(table: Table, stored: StoredBatch, *, full: bool, compression
                        base_sequence=meta.base_sequence, columns=cols,
                        compression=kafka_batches.fetch_codec(compression_type, meta),
                        last_offset_delta=meta.last_offset_delta)
+
+
+_NO_RECORDS = RecordColumns(timestamp_delta=np.zeros(0, np.int64), offset_delta=np.zeros(0, np.int32),
+                            keys=pa.array([], pa.binary()), values=pa.array([], pa.binary()),
+                            headers=pa.array([], kafka_batches.HEADERS_TYPE))
 
 
 def with_change_header(headers: pa.Array, change: np.ndarray) -> pa.Array:
@@ -1128,6 +1210,19 @@ def remote_snapshot(bucket: Bucket) -> dict | None:
     # could not reach the store): its offsets may since belong to other changes.
     snap = remote.latest(max_offset=bucket.tablet.high_watermark)
     return {"store": remote.store.public_description(), "snapshot": snap.to_json() if snap else None}
+
+
+def kv_stats(table: Table) -> dict | None:
+    """Figures of a primary-key table's merge state (for table descriptions), or None: for a
+    'retract' table the live rows kept per key (the state a reordered changelog needs, and
+    what its TTL bounds), retractions that found no row, rows expired."""
+    pk = getattr(table, "pk", None)
+    if pk is None or not pk.spec.keeps_state_rows:
+        return None
+    total = RetractStats()
+    for kv in pk.buckets:
+        total.add(kv.tablet.retract_stats)
+    return {"merge_engine": pk.spec.engine.value, "retract": total.to_json()}
 
 
 def snapshots(table: Table) -> list[list[SnapshotInfo]]:

@@ -74,12 +74,13 @@ class TableInfo:
     schema: pa.Schema
     offsets: list[BucketOffsets]
     configs: dict[str, str]
+    kv_stats: dict | None = None  # merge-state figures of a primary-key table ('retract': rows kept per key)
 
     @classmethod
     def from_json(cls, body: dict) -> "TableInfo":
         return cls(body["name"], body["kind"], body["buckets"], body.get("primary_key"), body["kafka_format"],
                    schema_from_b64(body["schema"]), [BucketOffsets(**o) for o in body["offsets"]],
-                   body.get("configs", {}))
+                   body.get("configs", {}), body.get("kv_stats"))
 
 
 class Client:
@@ -139,11 +140,18 @@ class Client:
                      kafka_format: str | None = None, configs: dict[str, str] | None = None,
                      primary_key: Sequence[str] | None = None, bucket_key: Sequence[str] | None = None,
                      merge_engine: str | None = None, version_column: str | None = None,
-                     lake: bool = False) -> "Table":
+                     upsert_key: Sequence[str] | None = None, retract_state_ttl_ms: int | None = None,
+                     aggregates: dict[str, str] | None = None, lake: bool = False) -> "Table":
         """Create a log table. With `schema` (the user columns) its rows are typed; Kafka
         clients see each row as a compact JSON object (`kafka_format="json"`, the default)
         or as Avro (`"avro"`, schema derived from the Arrow one and registered under
         `<name>-value`). Without a schema the table is raw: one binary column `value`.
+
+        Primary-key tables choose a merge engine (see docs/primary_keys.md): `"retract"`
+        materializes a changelog that arrives reordered (`upsert_key`: the columns that
+        identify a row among a key's live rows, default all; `retract_state_ttl_ms` bounds
+        how long hidden rows are kept); `"aggregation"` folds rows with `aggregates`, a
+        function per column (`{"total": "sum", "n": "count"}`).
 
         `lake=True` materializes the table into a lake table (Apache Iceberg) kept up to date
         by tiering (`fluvial.lake.enable`; `fluvial.lake.freshness` sets the target lag).
@@ -151,7 +159,8 @@ class Client:
         >>> orders = client.create_table("orders", pa.schema([("id", pa.int64()), ("amount", pa.float64())]),
         ...                              buckets=3)
         """
-        configs = {**(configs or {}), **pk.table_configs(primary_key, bucket_key, merge_engine, version_column)}
+        configs = {**(configs or {}), **pk.table_configs(primary_key, bucket_key, merge_engine, version_column,
+                                                          upsert_key, retract_state_ttl_ms, aggregates)}
         if lake:
             configs["fluvial.lake.enable"] = "true"
         body = {"table": name, "schema": schema_to_b64(schema) if schema is not None else None,
@@ -191,6 +200,11 @@ class Table:
     def schema(self) -> pa.Schema:
         """The user columns (field ids in each field's metadata `fluvial.field_id`)."""
         return self.info.schema
+
+    def kv_stats(self) -> dict | None:
+        """Current merge-state figures of a primary-key table (for 'retract': keys, live rows
+        kept, rows per key and their histogram, retractions that found no row, rows expired)."""
+        return self.refresh().info.kv_stats
 
     def refresh(self) -> "Table":
         self.info = self.client.describe(self.name)
@@ -280,10 +294,12 @@ class Table:
     def upsert(self, data: Any, *, columns: Sequence[str] | None = None) -> list[tuple[int, int, int]]:
         """Insert or update rows by primary key (Arrow table/batch, list of dicts, DataFrame).
         With `columns` (the primary key and the target columns) a partial update: the other
-        columns keep their values. Returns (bucket, base_offset, changelog rows) per write,
-        once durable.
+        columns keep their values. A `_change` column gives each row's change type ("+I",
+        "-U", "+U", "-D"; absent: every row an ADD): a changelog written as it is. Returns
+        (bucket, base_offset, changelog rows) per write, once durable.
 
         >>> accounts.upsert([{"id": 1, "owner": "ann", "balance": 10}])
+        >>> joined.upsert([{"_change": "-U", "id": 1, "level": 10, "attr": "a1"}])
         """
         return pk.write(self, data, "upsert", list(columns) if columns else None)
 

@@ -19,9 +19,16 @@ FULL_READ = "full-read"
 REMOTE_SNAPSHOT = "kv-remote-snapshot"
 
 
-def table_configs(primary_key=None, bucket_key=None, merge_engine=None, version_column=None) -> dict[str, str]:
+def table_configs(primary_key=None, bucket_key=None, merge_engine=None, version_column=None, upsert_key=None,
+                  retract_state_ttl_ms=None, aggregates=None) -> dict[str, str]:
     """The table configs of a primary-key table's options (empty for a log table)."""
     out = {}
+    if upsert_key:
+        out["fluvial.upsert.key"] = ",".join(upsert_key)
+    if retract_state_ttl_ms is not None:
+        out["fluvial.retract.state.ttl.ms"] = str(int(retract_state_ttl_ms))
+    for column, function in (aggregates or {}).items():
+        out[f"fluvial.agg.{column}"] = function
     if primary_key:
         out["fluvial.primary.key"] = ",".join(primary_key)
     if bucket_key:

@@ -169,3 +169,19 @@ def system_fields() -> dict[str, pa.Field]:
     """The system columns a scan may name (`_offset`, `_timestamp`, ...), with their types."""
     from fluvial.broker.flight.catalog import SYSTEM_FIELDS
     return SYSTEM_FIELDS
+
+
+# `_change` codes from this one on mark rows a 'retract' table logs for its merge state
+# (the rows written to it): never shown to readers (`fluvial.kv.change_types.FIRST_HIDDEN`).
+FIRST_STATE_CHANGE = 5
+
+
+def hide_state_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The batch without a 'retract' table's logged input rows (a batch without `_change` as it is)."""
+    i = batch.schema.get_field_index("_change")
+    if i < 0 or batch.num_rows == 0:
+        return batch
+    shown = pc.less(batch.column(i), FIRST_STATE_CHANGE)
+    if pc.all(shown).as_py():
+        return batch
+    return batch.filter(shown)

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from fluvial.client.predicates import Filter, batch_may_match, filter_mask, parse_filter, read_columns
+from fluvial.client.predicates import (Filter, batch_may_match, filter_mask, hide_state_rows, parse_filter,
+                                      read_columns)
 from fluvial.errors import InvalidRequestError, OffsetOutOfRangeError, UnknownColumnError
 
 REMOTE_SEGMENTS = "remote-segments"
@@ -167,6 +168,8 @@ def read_remote(reader, store, remote: RemoteLog, plan: RemotePlan, start: int, 
         stats.segments += 1
         present = set(_segment_columns(reader, store, segment))
         fetch = [f.name for f in plan.read_fields if f.name in present] or ["_offset"]
+        if "_change" in present and "_change" not in fetch:
+            fetch.append("_change")  # to leave out the merge state's input rows of a 'retract' table
         wanted = _wanted_ranges(reader, store, segment, offset, end, plan.filters, stats)
         for lo, hi, keep in wanted:
             if stopped():
@@ -185,7 +188,7 @@ def read_remote(reader, store, remote: RemoteLog, plan: RemotePlan, start: int, 
                     batch = batch.slice(first, max(0, last - first))
                 offset = meta.base_offset + last
                 stats.rows_read += batch.num_rows
-                batch = read_columns(batch, plan.read_fields)
+                batch = read_columns(hide_state_rows(batch), plan.read_fields)
                 if plan.filters:
                     batch = batch.filter(filter_mask(batch, plan.filters))
                 if batch.num_rows == 0:

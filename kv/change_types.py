@@ -88,3 +88,4 @@ def _refuse(bad: np.ndarray, shown: list[str], what: str) -> None:
               for i, s in zip(bad[:100].tolist(), shown)]
     raise InvalidRecordError(f"record {int(bad[0])}: {errors[0][1]} ({bad.size} invalid record(s); "
                              "nothing of the batch was written)", record_errors=errors)
+

@@ -78,7 +78,13 @@ def describe(table: Table) -> dict:
         "offsets": bucket_offsets(table),
         "configs": dict(table.configs),
         "created_ms": table.created_ms,
+        "kv_stats": _kv_stats(table),
     }
+
+
+def _kv_stats(table: Table) -> dict | None:
+    from fluvial.broker import pk_tables
+    return pk_tables.kv_stats(table)
 
 
 async def create_table(broker, name: str, schema: pa.Schema | None, buckets: int, kafka_format: str | None,

@@ -14,7 +14,8 @@ import pyarrow as pa
 
 from fluvial.broker.flight.catalog import BUCKET, column_field, user_schema
 from fluvial.broker.tables import Bucket
-from fluvial.client.predicates import Filter, batch_may_match, filter_mask, parse_filter, read_columns
+from fluvial.client.predicates import (Filter, batch_may_match, filter_mask, hide_state_rows, parse_filter,
+                                      read_columns)
 from fluvial.client.wire import ScanRequest, ScanStats
 from fluvial.errors import InvalidRequestError, OffsetOutOfRangeError, UnknownColumnError
 
@@ -36,6 +37,7 @@ class ScanPlan:
     end: int | None          # exclusive; None: follow without end
     follow: bool
     remote: Any = None       # the broker's RemoteLogManager: offsets below the local log come from it
+    hide_state_rows: bool = False  # a 'retract' table's log also holds its merge state's input rows
 
     @property
     def remote_bucket(self) -> Bucket:
@@ -60,7 +62,9 @@ def plan_scan(bucket: Bucket, request: ScanRequest, remote: Any = None) -> ScanP
     extra = [_field(table, users, c) for c in dict.fromkeys(f.column for f in filters) if c not in names]
     start, end = resolve_offsets(bucket, request.start, request.end, request.follow, remote)
     read = [f for f in out if f.name != BUCKET] + extra
-    return ScanPlan(bucket, out, read, filters, start, end, request.follow, remote)
+    source = getattr(table, "source", None) or table
+    hide = source.configs.get("fluvial.merge.engine") == "retract"
+    return ScanPlan(bucket, out, read, filters, start, end, request.follow, remote, hide)
 
 
 def _field(table, users: pa.Schema, name: str) -> pa.Field:
@@ -205,6 +209,8 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
                 batch = batch.slice(lo, hi - lo)
             offset = meta.base_offset + hi
             stats.rows_read += batch.num_rows
+            if plan.hide_state_rows:
+                batch = hide_state_rows(batch)
             batch = read_columns(batch, plan.read_fields)
             if plan.filters:
                 batch = batch.filter(filter_mask(batch, plan.filters))
