@@ -66,6 +66,7 @@ class Broker:
 
     async def start(self) -> None:
         raise_open_files_limit()
+        warn_without_compiled_codec()
         self.tables.open_all()
         for hook in _START_HOOKS:
             await hook(self)
@@ -124,6 +125,17 @@ class Broker:
                     await loop.run_in_executor(self.io_executor, bucket.tablet.enforce_retention, now)
                 except Exception:
                     log.exception("retention of %s-%d failed", bucket.table.name, bucket.index)
+
+
+def warn_without_compiled_codec() -> None:
+    """Say it once, loudly, when the record codec runs in pure Python: the broker works, but
+    producing and fetching cost several times the CPU (see docs/architecture.md)."""
+    from fluvial.protocol import records
+
+    if not records.HAS_NATIVE:
+        log.warning("the compiled record codec (fluvial.protocol._records) is not loaded (%s): records are "
+                    "encoded and decoded in pure Python, several times slower. Build it with a C compiler: "
+                    "pip install -e . (or pip install .) in the source checkout.", records.NATIVE_IMPORT_ERROR)
 
 
 def raise_open_files_limit() -> int:

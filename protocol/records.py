@@ -17,8 +17,10 @@ from fluvial.protocol.varint import decode_varint, decode_varlong, encode_varint
 
 try:
     from fluvial.protocol import _records as _native
-except ImportError:  # the compiled codec is optional; the pure-Python one is the reference
+    NATIVE_IMPORT_ERROR: str | None = None
+except ImportError as _exc:  # the compiled codec is optional; the pure-Python one is the reference
     _native = None
+    NATIVE_IMPORT_ERROR = str(_exc)
 
 HAS_NATIVE = _native is not None
 

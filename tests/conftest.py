@@ -27,6 +27,16 @@ def pytest_configure(config) -> None:
         os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {','.join(str(j) for j in jars)} pyspark-shell"
 
 
+def pytest_report_header(config) -> str:
+    # Which code the tests run and whether the C record codec is in it: a checkout beside a
+    # non-editable install, or a machine without a compiler, shows here at once.
+    import fluvial.broker
+    from fluvial.protocol import records
+
+    codec = "compiled" if records.HAS_NATIVE else f"pure Python ({records.NATIVE_IMPORT_ERROR})"
+    return f"fluvial: {os.path.dirname(os.path.dirname(fluvial.broker.__file__))}, record codec: {codec}"
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory) -> BrokerProcess:
     """One broker for the whole session (auto topic creation on, 1 partition by default)."""

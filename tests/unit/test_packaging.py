@@ -18,3 +18,32 @@ def test_every_package_folder_is_declared():
             assert folder in declared, f"{folder} is not in pyproject.toml's package-dir/packages"
             expected = "fluvial" if folder == "fluvial" else "fluvial." + folder.replace("/", ".")
             assert declared[folder] == expected
+
+
+def test_the_checkout_imports_without_an_editable_install():
+    """pytest puts the checkout's root on sys.path, where the `fluvial/` folder is found before
+    any installed copy (`pip install .`): the subpackages must still resolve, to the checkout.
+    `python -S` leaves out site-packages and with them an editable install's import hooks."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import fluvial.broker, fluvial.protocol.errors; "
+            "print(fluvial.broker.__file__)")
+    out = subprocess.run([sys.executable, "-S", "-c", code, str(ROOT)], capture_output=True, text=True,
+                         cwd="/", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()) == ROOT / "broker" / "__init__.py"
+
+
+def test_the_compiled_record_codec_is_in_use_in_ci():
+    """.ci/run builds the C record codec (protocol/_records.c) and sets FLUVIAL_CI: there a
+    silent fall-back to the pure-Python codec is a failure, not a slowdown."""
+    import os
+
+    import pytest
+
+    from fluvial.protocol import records
+
+    if not os.environ.get("FLUVIAL_CI"):
+        pytest.skip("outside CI the compiled codec is optional (the broker warns without it)")
+    assert records.HAS_NATIVE, f"the compiled record codec did not load: {records.NATIVE_IMPORT_ERROR}"
