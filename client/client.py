@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.flight as flight
 
-from fluvial.client import pk, remote, union
-from fluvial.client.errors import InvalidRequestError, OffsetOutOfRangeError, from_flight
+from fluvial.client import filters, pk, remote, union
+from fluvial.client.streams import ArrowResults
+from fluvial.client.errors import InvalidRequestError, OffsetOutOfRangeError, UnknownColumnError, from_flight
 from fluvial.errors import ObjectNotFound, ObjectStoreError
 from fluvial.client.wire import (
     CREATE_TABLE, DESCRIBE, DROP_TABLE, LIST_TABLES, OFFSETS, Appended, AppendRequest, ScanRequest, ScanStats,
@@ -230,8 +232,12 @@ class Table:
 
         columns: names to read, default all user columns; system columns `_offset`,
             `_timestamp`, `_change`, `_key`, `_headers`, `_bucket` are given when named.
-        filter: (column, op, value) or a list of them, all AND-ed; ops are
+        filter: a `pyarrow.compute` Expression (`pc.field("score") > 5`, the form of
+            pyarrow.dataset): its AND-ed comparisons, isin, is_null, is_valid with literals are
+            pushed down to the broker, the rest is applied by the client, with pyarrow's
+            result. Or (column, op, value) or a list of them, all AND-ed; ops are
             = != < <= > >= in, not in (value: a list), is_null, not_null (value: None).
+            Checked before any request (FilterTypeError, FilterColumnError, FilterError).
         start: "earliest", "latest", an offset, a datetime (first record at or after it),
             or a dict {bucket: offset}.
         end: exclusive end offset (int or {bucket: offset}); default the high watermark
@@ -372,16 +378,17 @@ def _per_bucket(value: Any, bucket: int, what: str) -> Any:
     return value
 
 
-def normalize_filters(filter: Any) -> list[list[Any]]:
-    """A scan's `filter` argument (None, one (column, op, value), or a list of them) as a list."""
-    if filter is None:
-        return []
-    if isinstance(filter, tuple) and len(filter) == 3 and isinstance(filter[0], str):
-        return [list(filter)]
-    return [list(f) for f in filter]
+def _scan_fields(table: "Table") -> dict[str, pa.Field]:
+    """The columns a scan of the table may name: its user columns, then the system ones."""
+    return {**{f.name: f for f in _plain_schema(table.schema)}, **_system_fields()}
 
 
 _DONE = object()
+# gRPC hands IPC bodies at any address; pyarrow's expression evaluation (Acero) wants each
+# buffer aligned to its type, so scans the client filters read realigned (copies only those
+# that are not).
+_ALIGNED = flight.FlightCallOptions(read_options=pa.ipc.IpcReadOptions(
+    ensure_alignment=pa.ipc.Alignment.DataTypeSpecific))
 _log = logging.getLogger(__name__)
 
 
@@ -406,16 +413,27 @@ def _system_fields() -> dict[str, pa.Field]:
     return system_fields()
 
 
-class Scan:
-    """The result of `Table.scan`: read it as Arrow, pandas, batches, or follow it."""
+class Scan(ArrowResults):
+    """The result of `Table.scan`: read it as Arrow, pandas, Polars, batches, a stream
+    (`to_reader()`, or any consumer of the Arrow PyCapsule stream protocol), or follow it."""
 
     def __init__(self, table: Table, columns, filter, start, end, buckets):
         self.table = table
-        self.columns = list(columns) if columns is not None else None
-        self.filter = normalize_filters(filter)
         self.start = start
         self.end = end
         self.buckets = list(buckets) if buckets is not None else list(range(table.info.buckets))
+        fields = _scan_fields(table)
+        compiled = filters.compile_filter(filter, fields, table.name)  # raises before any request
+        # What the broker filters (tuples, batches skipped by statistics) and what is left
+        # for the client (an expression applied to what arrives; None: nothing).
+        self.filter: list[list[Any]] = compiled.pushed
+        self.client_filter: pc.Expression | None = compiled.residual
+        self._compiled = compiled
+        out = list(columns) if columns is not None else None
+        self.output_columns = out if out is not None else [f.name for f in table.schema]
+        extra = [c for c in compiled.columns if c not in self.output_columns]
+        # Columns asked of the broker: the output ones plus what the client's filter reads.
+        self.columns = out if not extra else [*self.output_columns, *extra]
         self.stats = ScanStats()  # the server's figures, summed over buckets, once read
         self.bucket_stats: dict[int, ScanStats] = {}  # per bucket, with the offset each stream ended at
         self.schema: pa.Schema | None = None
@@ -460,7 +478,7 @@ class Scan:
         request = ScanRequest(self.table.name, bucket, self.columns, start, end, self.filter, follow,
                               tiered=tiered)
         try:
-            reader = client.do_get(flight.Ticket(request.to_bytes()))
+            reader = client.do_get(flight.Ticket(request.to_bytes()), _ALIGNED if self.client_filter is not None else None)
             readers[bucket] = reader
             if stop.is_set():  # the consumer left before this stream was registered for cancelling
                 reader.cancel()
@@ -594,9 +612,17 @@ class Scan:
     def _events(self, follow: bool) -> Iterator[tuple[int, pa.RecordBatch]]:
         self.stats = ScanStats()
         self.bucket_stats = {}
+        residual = self.client_filter
+        names = self.output_columns
         for item in self._stream(follow):
+            if item[0] == "batch" and residual is not None:
+                batch = item[2].filter(residual).select(names)
+                if batch.num_rows:
+                    yield item[1], batch
+                continue
             if item[0] == "schema":
-                self.schema = item[1]
+                schema = item[1]
+                self.schema = schema if residual is None else pa.schema([schema.field(n) for n in names])
             elif item[0] == "stats":
                 bucket, stats = item[1], item[2]
                 before = self.bucket_stats.get(bucket)
@@ -623,7 +649,20 @@ class Scan:
         return pa.Table.from_batches(batches, schema=self.schema)
 
     def to_pandas(self, **kwargs):
+        """The rows as a pandas DataFrame; the Arrow buffers are released while they are
+        converted (`self_destruct`), so the rows are not held twice."""
+        kwargs.setdefault("self_destruct", True)
+        kwargs.setdefault("split_blocks", True)
         return self.to_arrow().to_pandas(**kwargs)
+
+    def output_schema(self) -> pa.Schema:
+        """The columns the scan returns, known without a request (from the table's description)."""
+        fields = _scan_fields(self.table)
+        missing = [n for n in self.output_columns if n not in fields]
+        if missing:
+            raise UnknownColumnError(f"table {self.table.name!r} has no column {missing[0]!r}; its columns are "
+                                     f"{[f.name for f in self.table.schema]}")
+        return pa.schema([fields[n] for n in self.output_columns])
 
     def follow(self) -> Iterator[pa.RecordBatch]:
         """Rows from `start` on, then new rows as they are appended, until the iterator is

@@ -16,6 +16,20 @@ class BrokerUnavailableError(FluvialError):
     """The broker cannot be reached (not started, wrong address, or gone)."""
 
 
+# A scan's filter is checked by the client before any request: these are raised there.
+class FilterError(InvalidRequestError, ValueError):
+    """A filter with an unknown operator, or a value that does not fit its column."""
+
+
+class FilterColumnError(UnknownColumnError, ValueError):
+    """A filter that names a column the table does not have."""
+
+
+class FilterTypeError(InvalidRequestError, TypeError):
+    """Something that is not a filter (a string, a number), or an expression whose types
+    do not fit the columns (a text column compared with a number)."""
+
+
 ERRORS: dict[str, type[FluvialError]] = {cls.__name__: cls for cls in (
     FluvialError, InvalidConfigError, InvalidPartitionsError, InvalidRecordError, InvalidRequestError,
     InvalidTableError, OffsetOutOfRangeError, StorageError, TableExistsError, UnknownTableError,
@@ -45,7 +59,7 @@ def from_flight(exc: flight.FlightError) -> FluvialError:
 
 
 __all__ = [
-    "BrokerUnavailableError", "FluvialError", "InvalidConfigError", "InvalidPartitionsError", "InvalidRecordError",
+    "BrokerUnavailableError", "FilterColumnError", "FilterError", "FilterTypeError", "FluvialError", "InvalidConfigError", "InvalidPartitionsError", "InvalidRecordError",
     "InvalidRequestError", "InvalidTableError", "LakeLeaseError", "OffsetOutOfRangeError", "SchemaMismatchError", "StorageError",
     "TableExistsError", "UnknownColumnError", "UnknownTableError", "error_info", "from_flight",
 ]

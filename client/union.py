@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from fluvial.client import lake_files
 from fluvial.client.lake_files import DataFile, NotPlain
 from fluvial.client.predicates import Filter, filter_mask, parse_filter
+from fluvial.client.streams import ArrowResults
 from fluvial.client.wire import ScanStats
 from fluvial.errors import InvalidRequestError, UnknownColumnError
 
@@ -320,13 +321,14 @@ class UnionPlan:
     gaps: dict[int, tuple[int, int]] = field(default_factory=dict)  # offsets neither side holds
 
 
-class UnionScan:
+class UnionScan(ArrowResults):
     """A scan of a lake-enabled table as one table (`source="union"`), or of its lake alone
     (`source="lake"`). Same results API as `Scan`: to_arrow, to_pandas, to_batches, follow."""
 
     def __init__(self, table: "Table", columns: Sequence[str] | None, filter: Any, start: Any, end: Any,
                  buckets: Sequence[int] | None, source: str, lake_catalog: dict[str, str] | None = None):
-        from fluvial.client.client import normalize_filters
+        from fluvial.client.client import _scan_fields
+        from fluvial.client.filters import compile_filter
 
         if source not in ("union", "lake"):
             raise ValueError(f"source must be one of {SOURCES}, not {source!r}")
@@ -334,8 +336,13 @@ class UnionScan:
         self.source = source
         self.primary_key = list(table.info.primary_key or [])
         users = {f.name: f for f in table.info.schema}
-        self.columns = list(columns) if columns is not None else list(users)
-        self.filter = normalize_filters(filter)
+        compiled = compile_filter(filter, _scan_fields(table), table.name)  # raises before any request
+        self._user_filter = filter
+        self.filter = compiled.pushed             # tuple filters: pushed into the lake and log reads
+        self.client_filter = compiled.residual    # applied to the union's rows at the end (None: nothing)
+        self.output_columns = list(columns) if columns is not None else list(users)
+        extra = [c for c in compiled.columns if c not in self.output_columns]
+        self.columns = [*self.output_columns, *extra]
         self.start, self.end = start, end
         self.buckets = list(buckets) if buckets is not None else list(range(table.info.buckets))
         self.lake_catalog = lake_catalog
@@ -344,7 +351,7 @@ class UnionScan:
             raise InvalidRequestError(f"columns named twice in {self.columns}")
         self.parsed = self._parse_filters(users)
         self._check_options()
-        self.schema = pa.schema([f.remove_metadata() for f in self.fields])
+        self.schema = pa.schema([f.remove_metadata() for f in self.fields if f.name in self.output_columns])
         self.stats = ScanStats()
         self.plan: UnionPlan | None = None
 
@@ -486,7 +493,15 @@ class UnionScan:
             parts.append(_bucket_rows(lake, b).select(self.columns))
             if log.num_rows:
                 parts.append(_bucket_rows(log, b).select(self.columns))
-        return pa.concat_tables([conform(p, list(self.schema)) for p in parts]) if parts else self.schema.empty_table()
+        full = pa.schema([f.remove_metadata() for f in self.fields])
+        rows = pa.concat_tables([conform(p, list(full)) for p in parts]) if parts else full.empty_table()
+        return self._client_filtered(rows)
+
+    def _client_filtered(self, rows: pa.Table) -> pa.Table:
+        """The part of an expression filter the reads could not apply, then the asked columns."""
+        if self.client_filter is not None:
+            rows = rows.filter(self.client_filter)
+        return rows.select(self.output_columns)
 
     def _current_rows(self, plan: UnionPlan) -> pa.Table:
         key = self.primary_key
@@ -499,13 +514,16 @@ class UnionScan:
                 self.stats.add(scan.stats)
                 lake = fold_changelog(lake, changes, key)
         rows = apply_filters(lake, self.parsed)
-        return conform(rows, list(self.schema))
+        return self._client_filtered(conform(rows, [f.remove_metadata() for f in self.fields]))
 
     def to_pandas(self, **kwargs):
         return self.to_arrow().to_pandas(**kwargs)
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         yield from self.to_arrow().to_batches()
+
+    def output_schema(self) -> pa.Schema:
+        return self.schema
 
     def follow(self) -> Iterator[pa.RecordBatch]:
         """The union up to now, then new rows of the log as they are appended (log tables)."""
@@ -518,7 +536,7 @@ class UnionScan:
         yield from self.to_arrow().to_batches()
         plan = self.plan
         assert plan is not None
-        tail = Scan(self.table, self.columns, self.filter, {b: plan.log_end.get(b, plan.lake.end(b)) for b in self.buckets},
+        tail = Scan(self.table, self.output_columns, self._user_filter, {b: plan.log_end.get(b, plan.lake.end(b)) for b in self.buckets},
                     self.end, self.buckets)
         yield from tail.follow()
 
