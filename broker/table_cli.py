@@ -108,7 +108,8 @@ def table_describe(args) -> int:
         "field_id": [int((f.metadata or {}).get(b"fluvial.field_id", b"-1")) for f in info.schema],
         "column": info.schema.names,
         "type": [str(f.type) for f in info.schema],
-        "nullable": [f.nullable for f in info.schema]})
+        "nullable": [f.nullable for f in info.schema],
+        "kafka_value_type": _kafka_types(info)})
     print(format_rows(columns))
     print()
     print(format_rows(pa.table({"bucket": [o.bucket for o in info.offsets],
@@ -133,6 +134,39 @@ def table_describe(args) -> int:
     return 0
 
 
+def _kafka_types(info) -> list[str]:
+    """How Kafka clients see each stored column in the table's value format."""
+    plain = pa.schema([f.remove_metadata() for f in info.schema])
+    try:
+        if info.kafka_format == "json":
+            from fluvial.schema.arrow_mapping import arrow_to_json_schema
+            props = arrow_to_json_schema(plain)["properties"]
+            return [_json_type_text(props[n]) for n in plain.names]
+        if info.kafka_format == "avro":
+            from fluvial.schema.arrow_mapping import arrow_to_avro
+            return [_avro_type_text(f["type"]) for f in arrow_to_avro(plain)["fields"]]
+    except Exception:  # noqa: BLE001 - a description shows what it can
+        pass
+    return ["" for _ in plain.names]
+
+
+def _avro_type_text(t: Any) -> str:
+    if isinstance(t, list):  # a nullable column: ["null", T]
+        return " | ".join(_avro_type_text(b) for b in t if b != "null")
+    if isinstance(t, dict):
+        logical = t.get("logicalType")
+        return f"{t['type']} ({logical})" if logical else str(t["type"])
+    return str(t)
+
+
+def _json_type_text(node: dict) -> str:
+    node = node.get("anyOf", [node])[0]
+    t = node.get("type")
+    t = [x for x in t if x != "null"][0] if isinstance(t, list) else t
+    extra = node.get("format") or node.get("x-arrow-type")
+    return f"{t} ({extra})" if extra else str(t)
+
+
 def table_create(args) -> int:
     schema = pa.schema([parse_column(c) for c in args.column]) if args.column else None
     configs = {}
@@ -150,6 +184,11 @@ def table_create(args) -> int:
     except Exception as exc:  # noqa: BLE001
         return _fail(exc)
     print(f"created table {t.name} ({t.info.buckets} bucket(s), Kafka values {t.info.kafka_format})")
+    stored = {f.name: f.type for f in t.info.schema}
+    for f in schema or []:
+        if stored.get(f.name) not in (None, f.type):
+            print(f"note: column {f.name!r} is stored as {stored[f.name]}: {t.info.kafka_format} values cannot "
+                  f"hold {f.type} (use --kafka-format avro to keep it)", file=sys.stderr)
     return 0
 
 

@@ -5,6 +5,7 @@ import functools
 import json
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from fluvial.schema.avro_schema import AvroNode, AvroSchema, parse_avro
@@ -288,8 +289,11 @@ def _json_field(name: str, node: Any, required: bool, refs: _JsonRefs) -> pa.Fie
     if "default" in node:
         meta[META_DEFAULT] = json.dumps(node["default"]).encode()
     t = types.pop()
-    if t == "boolean":
-        typ: pa.DataType = pa.bool_()
+    kept = _kept_arrow_type(node, t)
+    if kept is not None:
+        typ: pa.DataType = kept
+    elif t == "boolean":
+        typ = pa.bool_()
     elif t == "integer":
         typ = pa.int64()
     elif t == "number":
@@ -318,6 +322,38 @@ def _json_field(name: str, node: Any, required: bool, refs: _JsonRefs) -> pa.Fie
     return pa.field(name, typ, nullable, metadata=meta or None)
 
 
+# The Arrow type a JSON Schema property was derived from, when the JSON type alone does not
+# say it (JSON has one integer and one number type): a table created with an int32 column
+# keeps int32 through its JSON Schema. An annotation keyword: validators ignore it.
+JSON_ARROW_TYPE = "x-arrow-type"
+# The Arrow types the JSON value format reads and writes as the same JSON values, by JSON type.
+_JSON_KEEPS = {
+    "integer": lambda t: pa.types.is_integer(t),
+    "number": lambda t: pa.types.is_float32(t) or pa.types.is_float64(t),
+    "string": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+}
+
+
+def _kept_arrow_type(node: dict, json_type: str) -> pa.DataType | None:
+    """The recorded Arrow type of a property, if the JSON value format keeps it exactly."""
+    text = node.get(JSON_ARROW_TYPE) if isinstance(node, dict) else None
+    if not isinstance(text, str):
+        return None
+    try:
+        t = pa.type_for_alias(text)
+    except (ValueError, KeyError):
+        return None  # a type recorded by a newer writer, or one JSON values cannot hold
+    keeps = _JSON_KEEPS.get(json_type)
+    return t if keeps is not None and keeps(t) else None
+
+
+def _json_default_type(node: dict) -> pa.DataType | None:
+    """The Arrow type a JSON Schema property maps to without an annotation."""
+    t = node.get("type")
+    return {"integer": pa.int64(), "number": pa.float64(), "string": pa.string(), "boolean": pa.bool_()}.get(t) \
+        if isinstance(t, str) and node.get("format") is None and "contentEncoding" not in node else None
+
+
 # ---------------------------------------------------------------- Arrow -> JSON Schema
 
 def arrow_to_json_schema(schema: pa.Schema, title: str | None = None) -> dict:
@@ -343,6 +379,10 @@ def _json_node(f: pa.Field) -> dict:
         node: dict = {"type": "boolean"}
     elif pa.types.is_integer(t):
         node = {"type": "integer"}
+        if t != pa.int64():
+            info = np.iinfo(t.to_pandas_dtype())
+            # Bounds make JSON Schema validators refuse what the column cannot hold.
+            node.update({JSON_ARROW_TYPE: str(t), "minimum": int(info.min), "maximum": int(info.max)})
     elif pa.types.is_floating(t) or pa.types.is_decimal(t):
         node = {"type": "number"}
     elif pa.types.is_string(t) or pa.types.is_large_string(t):
@@ -371,6 +411,9 @@ def _json_node(f: pa.Field) -> dict:
         return {"type": "null"}
     else:
         raise UnsupportedSchemaError(f"column {f.name!r}: Arrow type {t} has no JSON Schema type")
+    nested = pa.types.is_nested(t)
+    if JSON_ARROW_TYPE not in node and not nested and _json_default_type(node) != t and "type" in node:
+        node[JSON_ARROW_TYPE] = str(t)  # the Arrow type the column came from (an annotation)
     if META_DEFAULT in meta:
         node["default"] = json.loads(meta[META_DEFAULT])
     if f.nullable:

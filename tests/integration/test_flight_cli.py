@@ -31,7 +31,7 @@ def test_table_create_describe_scan_drop(broker, topic_name):
     assert described.returncode == 0, described.stderr
     lines = described.stdout.splitlines()
     assert lines[0] == f"table {topic_name}: log table, 2 bucket(s), Kafka values json"
-    assert any(line.split() == ["0", "|", "id", "|", "int64", "|", "False"] for line in lines)
+    assert any(line.split() == ["0", "|", "id", "|", "int64", "|", "False", "|", "integer"] for line in lines)
     assert any(line.split() == ["1", "|", "0", "|", "3"] for line in lines)  # bucket 1: [0, 3)
 
     scanned = fluvial("scan", topic_name, "--columns", "_offset,city", "--where", "amount >= 50", *url)
