@@ -191,7 +191,7 @@ def settle_garbage_collector() -> None:
 
 
 # Services beside the Kafka listener; each registers its start/stop hooks on import.
-SERVICES = ["fluvial.broker.registry_service", "fluvial.broker.pk_tables", "fluvial.broker.flight",
+SERVICES = ["fluvial.broker.metrics", "fluvial.broker.registry_service", "fluvial.broker.console", "fluvial.broker.pk_tables", "fluvial.broker.flight",
             "fluvial.tiering.lake.service"]
 
 
@@ -209,6 +209,9 @@ def load_services() -> None:
 # importing them: `on_start(fn)` where fn is `async def fn(broker)`.
 _START_HOOKS: list = []
 _STOP_HOOKS: list = []
+# Routes on the HTTP listener beside the schema registry (metrics, console):
+# `fn(broker, app)` adds them to the aiohttp application before it starts serving.
+_HTTP_APP_HOOKS: list = []
 
 
 def on_start(fn):
@@ -219,3 +222,13 @@ def on_start(fn):
 def on_stop(fn):
     _STOP_HOOKS.append(fn)
     return fn
+
+
+def on_http_app(fn):
+    _HTTP_APP_HOOKS.append(fn)
+    return fn
+
+
+def configure_http_app(broker: "Broker", app) -> None:
+    for hook in _HTTP_APP_HOOKS:
+        hook(broker, app)

@@ -76,6 +76,8 @@ def add_broker_parser(sub) -> None:
     p.add_argument("--remote-read-cache-bytes", type=int, default=d.remote_read_cache_bytes)
     p.add_argument("--remote-fetch-max-wait-ms", type=int, default=d.remote_fetch_max_wait_ms,
                    help="longest a Fetch waits for remote data before answering the partition with no records")
+    p.add_argument("--metrics-sample-interval-ms", type=int, default=d.metrics_sample_interval_ms,
+                   help="how often the console's throughput and lag charts take a sample")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
 
@@ -102,7 +104,8 @@ def config_from_args(args) -> BrokerConfig:
                         remote_log_manager_interval_ms=args.remote_log_manager_interval_ms,
                         remote_upload_concurrency=args.remote_upload_concurrency,
                         remote_read_cache_bytes=args.remote_read_cache_bytes,
-                        remote_fetch_max_wait_ms=args.remote_fetch_max_wait_ms)
+                        remote_fetch_max_wait_ms=args.remote_fetch_max_wait_ms,
+                        metrics_sample_interval_ms=args.metrics_sample_interval_ms)
 
 
 def key_values(items: list[str], option: str) -> dict[str, str]:

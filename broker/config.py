@@ -57,6 +57,8 @@ class BrokerConfig:
     # answers that partition with no records, as Kafka does: the read goes on, the client's
     # next fetch of the offset joins it, so a slow or frozen store never holds a request.
     remote_fetch_max_wait_ms: int = 500
+    # How often the metrics history behind the console's charts takes a sample.
+    metrics_sample_interval_ms: int = 5_000
 
     @property
     def advertised(self) -> str:

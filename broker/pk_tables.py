@@ -148,6 +148,9 @@ class PkTable:
         self.buckets: list[BucketKv] = []
         self.changelog: ChangelogTable | None = None
         self._seen_schema = schema
+        # Lookup requests and keys asked for (metrics; approximate under concurrent readers).
+        self.lookups = 0
+        self.lookup_keys = 0
 
     def follow_schema(self) -> None:
         """After a schema evolution of the table, rows are merged, stored and read in the new columns."""
@@ -247,6 +250,9 @@ class ChangelogBucket:
         self.tablet = _ReadOnlyTablet(source.tablet)
         self.group_commit = source.group_commit
         self.leader_epoch = source.leader_epoch
+        # Sent to Kafka consumers of the changelog topic (metrics).
+        self.bytes_out = 0
+        self.records_out = 0
 
     @property
     def key(self) -> tuple[str, int]:
@@ -1127,6 +1133,8 @@ def lookup(table: Table, keys: pa.Table | pa.RecordBatch | list[dict], *,
     pk = _state(table)
     keys = _as_table(keys, pk.layout.primary_key)
     pk.layout.check_keys(keys, "key")
+    pk.lookups += 1
+    pk.lookup_keys += keys.num_rows
     if keys.num_rows == 0:
         return pk.schema.empty_table()
     return _read_buckets(table, pk, keys, lambda tablet, part: tablet.lookup(part), wait_durable)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import Callable
 
-from fluvial.broker.broker import on_start, on_stop
+from fluvial.broker.broker import configure_http_app, on_start, on_stop
 from fluvial.broker.kafka_batches import RAW
 from fluvial.errors import InvalidConfigError
 from fluvial.schema.codecs import AvroValueCodec, JsonValueCodec
@@ -161,7 +161,8 @@ async def start_registry(broker) -> None:
     registry.validators.append(table_validator(schemas.is_typed_table_subject))
     broker.extensions["registry"] = registry
     broker.extensions["table_schemas"] = schemas
-    runner = await start_http(registry, broker.config.host, broker.config.http_port)
+    runner = await start_http(registry, broker.config.host, broker.config.http_port,
+                              configure=lambda app: configure_http_app(broker, app))
     broker.extensions["registry_http"] = runner
     broker.ports["http_port"] = runner.addresses[0][1]
     log.info("schema registry listening on %s:%d", broker.config.host, broker.ports["http_port"])

@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable
 
 from fluvial.broker.handlers import HANDLERS, Deferred, RequestContext, supported_versions
+from fluvial.broker.request_stats import RequestStats
 from fluvial.errors import FluvialError, InvalidRequestError
 from fluvial.protocol import produce_request
 from fluvial.protocol.fetch_response import EncodedResponse
@@ -58,6 +60,8 @@ class KafkaServer:
         self._connections: dict[asyncio.Task, Connection] = {}
         self._sweeper: asyncio.Task | None = None
         self.idle_closed = 0
+        # Per Kafka API: request latency (read to response ready) and failed requests.
+        self.request_stats = RequestStats()
 
     @property
     def connection_count(self) -> int:
@@ -151,10 +155,23 @@ class KafkaServer:
                 await outbox.put(reply)
 
     async def _dispatch(self, frame: memoryview, peer: str) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
+        started = time.perf_counter()
         try:
             header = decode_request_header(frame)
         except FluvialError as exc:
             raise CloseConnection(str(exc)) from None
+        try:
+            reply = await self._handle(frame, header, peer, started)
+        except CloseConnection:
+            self.request_stats.failed(header.api_key)
+            raise
+        if isinstance(reply, asyncio.Future):
+            return reply  # a Deferred: timed when its response is ready (`_complete`)
+        self.request_stats.observe(header.api_key, time.perf_counter() - started)
+        return reply
+
+    async def _handle(self, frame: memoryview, header: RequestHeader, peer: str, started: float
+                      ) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
         reg = HANDLERS.get(header.api_key)
         if reg is None:
             raise CloseConnection(f"unknown API key {header.api_key}")
@@ -194,14 +211,19 @@ class KafkaServer:
         if result is None:
             return None
         if isinstance(result, Deferred):
-            return asyncio.ensure_future(self._complete(header, result.awaitable))
+            return asyncio.ensure_future(self._complete(header, result.awaitable, started))
         if isinstance(result, EncodedResponse):
             # Framed by the handler (Fetch): written as chunks, the record batches uncopied.
             return result.chunks
         return encode_response(header, result)
 
-    async def _complete(self, header: RequestHeader, awaitable: Awaitable[Any]) -> bytes | None:
-        response = await awaitable
+    async def _complete(self, header: RequestHeader, awaitable: Awaitable[Any], started: float) -> bytes | None:
+        try:
+            response = await awaitable
+        except BaseException:
+            self.request_stats.failed(header.api_key)
+            raise
+        self.request_stats.observe(header.api_key, time.perf_counter() - started)
         if response is None or isinstance(response, (bytes, bytearray)):
             return response  # None: nothing to send; bytes: framed by the handler
         if isinstance(response, EncodedResponse):

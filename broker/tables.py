@@ -128,6 +128,9 @@ class Bucket:
 
     # A single-node broker is the only leader a bucket ever has: its epoch stays 0.
     leader_epoch = 0
+    # What Kafka fetches sent of this bucket, for the metrics (bytes in: the log tablet's).
+    bytes_out = 0
+    records_out = 0
 
     @property
     def key(self) -> tuple[str, int]:

@@ -263,9 +263,14 @@ def make_app(registry: SchemaRegistry, body_timeout_s: float = BODY_TIMEOUT_S) -
 
 
 async def start_http(registry: SchemaRegistry, host: str = "0.0.0.0", port: int = 8081,
-                     body_timeout_s: float = BODY_TIMEOUT_S) -> web.AppRunner:
-    """Serve the registry in the running event loop; stop it with `await runner.cleanup()`."""
-    runner = web.AppRunner(make_app(registry, body_timeout_s), access_log=None)
+                     body_timeout_s: float = BODY_TIMEOUT_S,
+                     configure: Callable[[web.Application], None] | None = None) -> web.AppRunner:
+    """Serve the registry in the running event loop; stop it with `await runner.cleanup()`.
+    `configure(app)` adds the broker's other routes (metrics, console) before it starts."""
+    app = make_app(registry, body_timeout_s)
+    if configure is not None:
+        configure(app)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -156,10 +156,23 @@ async def fetch(ctx: RequestContext, request):
                 w.cancel()
 
     grouped: dict = {}
-    for key, result in results:
+    stats = ctx.broker.kafka.request_stats
+    for (key, result), (_, p, target) in zip(results, wanted):
         grouped.setdefault(key, []).append(result)
+        if result.error_code:
+            stats.error(ApiKey.FETCH, result.error_code)
+        elif result.records:
+            _count_out(target, result.records, p.fetch_offset)
     return encode_fetch_response(ctx.header, throttle_time_ms=0, error_code=0, session_id=0,
                                  topics=list(grouped.items()))
+
+
+def _count_out(bucket, batches: list, fetch_offset: int) -> None:
+    """Bytes and records sent to consumers, for the metrics: per batch, never per record."""
+    bucket.bytes_out += sum(len(b) for b in batches)
+    # Records from the fetch offset to the end of the last batch (a first batch that starts
+    # before the fetch offset is counted from it: the consumer skips the rest).
+    bucket.records_out += max(0, next_offset(batches[-1]) - fetch_offset)
 
 
 _READ_AHEAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # wire cache -> ReadAhead

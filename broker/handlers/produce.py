@@ -169,12 +169,14 @@ async def produce(ctx: RequestContext, request):
         if acks == -1 and broker.config.flush_policy == "ack":
             durable_waits.append((p, bucket.group_commit.wait_durable(written.base_offset + written.record_count)))
 
-    if acks == 0:
-        return None
-
     by_topic: dict[str, list] = {}
+    stats = broker.kafka.request_stats
     for p in parts:
         by_topic.setdefault(p.topic, []).append(p.response)
+        if p.response.error_code:
+            stats.error(ApiKey.PRODUCE, p.response.error_code)
+    if acks == 0:
+        return None
     if not durable_waits:
         # Encoded here rather than as kafka-python objects: a small request's answer would
         # otherwise cost about as much as its append.
@@ -198,6 +200,7 @@ async def produce(ctx: RequestContext, request):
                 code = outcome.code if isinstance(outcome, FluvialError) else ErrorCode.KAFKA_STORAGE_ERROR
                 log.error("produce to %s-%d not acknowledged: %s", p.topic, p.index, outcome)
                 p.response.error_code, p.response.base_offset = code, -1
+                stats.error(ApiKey.PRODUCE, code)
                 p.response.error_message = str(outcome)
         return encode_produce_response(ctx.header, list(by_topic.items()))
 

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fluvial.broker.latency import FSYNC_LATENCY
 from fluvial.broker.log.batch_meta import ATTR_LOG_APPEND_TIME, BatchMeta, StoredBatch
 from fluvial.broker.log.checkpoint import OffsetCheckpoint, fsync_directory
 from fluvial.broker.log.config import FlushPolicy, LogConfig, TimestampType
@@ -85,6 +86,9 @@ class LogTablet:
         # A bucket directory made by this open is durable only once its parent is synced.
         self._parent_dirty = False
         self._closed = False
+        # Since the tablet was opened: what the metrics report as bytes and records in.
+        self.appended_records = 0
+        self.appended_bytes = 0
         # Why the tablet is offline after a failed write or fsync; None while healthy.
         self._failure: str | None = None
         self._schema_cache: tuple[pa.Schema, pa.Schema, tuple[int, ...]] | None = None
@@ -287,6 +291,9 @@ class LogTablet:
                     active.append(encoded, filled)
             except OSError as exc:
                 raise self._fail("a write", exc) from exc
+            # Counted under the write lock, for the metrics (bytes and records in).
+            self.appended_records += count
+            self.appended_bytes += encoded.size
             latest = self.leader_epochs.latest_epoch
             if filled.partition_leader_epoch >= 0 and (latest is None or filled.partition_leader_epoch > latest):
                 self.leader_epochs.assign(filled.partition_leader_epoch, base)
@@ -512,6 +519,7 @@ class LogTablet:
                 return
             target = view.segments[-1].state.next_offset
             pending = view.segments[view.index_of(self._flushed_offset):]
+            started = time.perf_counter()
             try:
                 for segment in pending:
                     segment.flush()
@@ -523,6 +531,7 @@ class LogTablet:
                     self._parent_dirty = False
             except OSError as exc:
                 raise self._fail("an fsync", exc) from exc
+            FSYNC_LATENCY.observe(time.perf_counter() - started)
             self._flushed_offset = target
             self._last_flush_ms = _now_ms()
             if len(pending) > 1 or self._last_flush_ms - self._checkpoint_ms >= RECOVERY_CHECKPOINT_INTERVAL_MS:
