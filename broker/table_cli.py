@@ -44,9 +44,17 @@ def parse_column(spec: str) -> pa.Field:
 
 def parse_where(text: str) -> tuple[str, str, Any]:
     """`price > 10`, `city in ["Oslo","Lima"]`, `note is_null`: values are JSON, else text."""
+    try:
+        return parse_where_text(text)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def parse_where_text(text: str) -> tuple[str, str, Any]:
+    """Like `parse_where`, raising ValueError for text that is not a filter (the console's use)."""
     m = _WHERE.match(text)
     if m is None:
-        raise SystemExit(f"filter {text!r} must look like 'column op value' (ops = != < <= > >= in, not in, "
+        raise ValueError(f"filter {text!r} must look like 'column op value' (ops = != < <= > >= in, not in, "
                          "is_null, not_null)")
     column, op, raw = m.groups()
     if op in ("is_null", "not_null"):
@@ -61,7 +69,7 @@ def parse_where(text: str) -> tuple[str, str, Any]:
 def format_rows(table: pa.Table, max_width: int = 40) -> str:
     """A plain text grid of the rows."""
     names = table.column_names
-    cells = [[_cell(v, max_width) for v in col.to_pylist()] for col in table.columns]
+    cells = [[cell_text(v, max_width) for v in col.to_pylist()] for col in table.columns]
     widths = [max([len(n), *(len(c) for c in col)]) for n, col in zip(names, cells)]
     lines = [" | ".join(n.ljust(w) for n, w in zip(names, widths)),
              "-+-".join("-" * w for w in widths)]
@@ -70,7 +78,8 @@ def format_rows(table: pa.Table, max_width: int = 40) -> str:
     return "\n".join(lines)
 
 
-def _cell(value: Any, max_width: int) -> str:
+def cell_text(value: Any, max_width: int) -> str:
+    """One value as text: bytes as text when printable, else hex; long values cut."""
     text = "null" if value is None else value.hex() if isinstance(value, bytes) and not _printable(value) \
         else value.decode() if isinstance(value, bytes) else str(value)
     return text if len(text) <= max_width else text[:max_width - 1] + "…"

@@ -1,0 +1,171 @@
+"""Prometheus metrics: scraped while real Kafka clients produce and consume, parsed with
+prometheus_client's own text parser, and checked against what the clients did."""
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
+
+from fluvial.client import connect
+
+FAST_TIERING = ["--remote-log-manager-interval-ms", "150", "--retention-check-interval-ms", "150"]
+
+
+class Scrape:
+    """One scrape of /metrics: samples by name and labels."""
+
+    def __init__(self, url: str):
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+            assert r.status == 200
+            assert r.headers["Content-Type"].startswith("text/plain; version=")
+            text = r.read().decode()
+        self.families = {f.name: f for f in text_string_to_metric_families(text)}
+        self.samples = [s for f in self.families.values() for s in f.samples]
+
+    def value(self, name: str, **labels: str) -> float:
+        found = [s.value for s in self.samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+        assert len(found) == 1, f"{name}{labels}: {len(found)} samples"
+        return found[0]
+
+    def values(self, name: str, **labels: str) -> list[float]:
+        return [s.value for s in self.samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+
+def _produce(bootstrap: str, topic: str, per_partition: dict[int, int], value: bytes) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    for partition, n in per_partition.items():
+        for i in range(n):
+            p.produce(topic, value=value, key=f"k{i}".encode(), partition=partition)
+    assert p.flush(30) == 0
+
+
+def _consume(bootstrap: str, topic: str, group: str, count: int) -> Consumer:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
+    c.subscribe([topic])
+    got = 0
+    deadline = time.monotonic() + 60
+    while got < count and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got += 1
+    assert got == count
+    return c
+
+
+def test_metrics_follow_a_produce_and_consume_run(fresh_broker, topic_name):
+    b = fresh_broker()
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    for f in admin.create_topics([NewTopic(topic_name, 2, 1), NewTopic(f"{topic_name}-small", 1, 1,
+                                                                       config={"max.message.bytes": "2000"})]).values():
+        f.result(30)
+    value = b"v" * 200
+    _produce(b.bootstrap, topic_name, {0: 300, 1: 200}, value)
+
+    # Half-way: the group committed 100 of bucket 0 and nothing of bucket 1.
+    c = _consume(b.bootstrap, topic_name, "metrics-group", 500)
+    c.commit(offsets=[TopicPartition(topic_name, 0, 100)], asynchronous=False)
+    s = Scrape(b.http_url)
+    assert s.value("fluvial_consumer_group_committed_offset", group="metrics-group", table=topic_name, bucket="0") == 100
+    assert s.value("fluvial_consumer_group_lag_records", group="metrics-group", table=topic_name, bucket="0") == 200
+    assert s.value("fluvial_consumer_group_members", group="metrics-group") == 1
+    assert s.value("fluvial_kafka_connections") >= 2  # the consumer's, at least
+
+    c.commit(offsets=[TopicPartition(topic_name, 0, 300), TopicPartition(topic_name, 1, 200)], asynchronous=False)
+    c.close()
+
+    # A batch over the topic's max.message.bytes: answered MESSAGE_TOO_LARGE, counted.
+    p = Producer({"bootstrap.servers": b.bootstrap, "message.max.bytes": 1_000_000, "retries": 0})
+    failures = []
+    p.produce(f"{topic_name}-small", value=b"x" * 5000, on_delivery=lambda err, msg: failures.append(err))
+    p.flush(30)
+    assert failures and failures[0] is not None
+
+    s = Scrape(b.http_url)
+    for bucket, n in (("0", 300), ("1", 200)):
+        assert s.value("fluvial_bucket_log_end_offset", table=topic_name, bucket=bucket) == n
+        assert s.value("fluvial_bucket_high_watermark", table=topic_name, bucket=bucket) == n
+        assert s.value("fluvial_bucket_log_start_offset", table=topic_name, bucket=bucket) == 0
+        assert s.value("fluvial_bucket_online", table=topic_name, bucket=bucket) == 1
+        assert s.value("fluvial_bucket_segments", table=topic_name, bucket=bucket, tier="local") == 1
+        assert s.value("fluvial_bucket_size_bytes", table=topic_name, bucket=bucket, tier="local") > n * len(value)
+        assert s.value("fluvial_consumer_group_lag_records", group="metrics-group", table=topic_name,
+                       bucket=bucket) == 0
+    assert s.value("fluvial_table_records_in_total", table=topic_name) == 500
+    assert s.value("fluvial_table_bytes_in_total", table=topic_name) > 500 * len(value)
+    # Each record was fetched once by the one consumer.
+    assert s.value("fluvial_table_records_out_total", table=topic_name) == 500
+    assert s.value("fluvial_table_bytes_out_total", table=topic_name) > 500 * len(value)
+    assert s.value("fluvial_table_records_in_total", table=f"{topic_name}-small") == 0
+
+    produced = s.value("fluvial_kafka_requests_total", api="produce")
+    assert produced >= 2  # batched by the producer, at least one request per partition
+    assert s.value("fluvial_kafka_request_duration_seconds_count", api="produce") == produced
+    assert s.value("fluvial_kafka_request_duration_seconds_bucket", api="produce", le="+Inf") == produced
+    assert s.value("fluvial_kafka_request_duration_seconds_sum", api="produce") > 0
+    assert s.value("fluvial_kafka_requests_total", api="join_group") >= 1
+    assert s.value("fluvial_kafka_requests_total", api="offset_commit") >= 2
+    assert s.value("fluvial_kafka_response_errors_total", api="produce", error="message_too_large") >= 1
+    assert s.families["fluvial_kafka_request_duration_seconds"].type == "histogram"
+    # Flush policy ack: every acks=all produce waited for an fsync.
+    assert s.value("fluvial_log_fsync_duration_seconds_count") >= 2
+    assert s.value("fluvial_event_loop_lag_seconds_count") > 0
+    assert s.value("process_resident_memory_bytes") > 10_000_000
+    assert s.value("fluvial_tables") == 2
+
+
+def test_kv_and_remote_log_metrics(fresh_broker, topic_name):
+    b = fresh_broker(*FAST_TIERING)
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("qty", pa.int64())])
+    with connect(b.flight_url) as client:
+        users = client.create_table(f"{topic_name}-pk", schema, buckets=2, primary_key=["id"])
+        users.upsert(pa.table({"id": pa.array(range(40), pa.int64()), "qty": pa.array([1] * 40, pa.int64())}))
+        users.upsert(pa.table({"id": pa.array(range(10), pa.int64()), "qty": pa.array([2] * 10, pa.int64())}))
+        assert users.lookup([{"id": 1}, {"id": 2}, {"id": 99}]).num_rows == 2
+        tiered = client.create_table(topic_name, configs={"segment.bytes": "16384", "local.retention.ms": "0",
+                                                         "remote.storage.enable": "true"})
+        for _ in range(8):
+            tiered.append(pa.table({"value": [b"r" * 1000] * 10}))
+
+    deadline = time.monotonic() + 60
+    while True:
+        s = Scrape(b.http_url)
+        remote = s.value("fluvial_bucket_segments", table=topic_name, bucket="0", tier="remote")
+        if remote >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert remote >= 2
+    assert s.value("fluvial_bucket_size_bytes", table=topic_name, bucket="0", tier="remote") > 16384
+    assert s.value("fluvial_bucket_high_watermark", table=topic_name, bucket="0") == 80
+    # What is not yet tiered: at most the active segment.
+    assert 0 <= s.value("fluvial_remote_log_lag_records", table=topic_name, bucket="0") < 80
+    assert s.value("fluvial_remote_log_upload_failures", table=topic_name, bucket="0") == 0
+
+    pk = f"{topic_name}-pk"
+    assert s.value("fluvial_kv_lookups_total", table=pk) == 1
+    assert s.value("fluvial_kv_lookup_keys_total", table=pk) == 3
+    assert sum(s.values("fluvial_kv_tablet_keys", table=pk)) >= 40
+    assert sum(s.values("fluvial_kv_tablet_size_bytes", table=pk)) > 0
+    assert {x.labels["merge_engine"] for x in s.samples if x.name == "fluvial_kv_tablet_keys"} == {"last_row"}
+    # 40 inserts and 10 updates (-U/+U each): 60 changelog rows over the two buckets.
+    assert sum(s.values("fluvial_kv_tablet_applied_offset", table=pk)) == 60
+    assert s.value("fluvial_table_records_in_total", table=pk) == 60
+
+
+def test_metrics_endpoint_is_not_confused_by_bad_requests(broker):
+    for path, status in (("/metrics?x=1", 200), ("/metricsx", 404)):
+        try:
+            with urllib.request.urlopen(f"{broker.http_url}{path}", timeout=10) as r:
+                code = r.status
+        except urllib.error.HTTPError as exc:
+            code = exc.code
+        assert code == status, path
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(urllib.request.Request(f"{broker.http_url}/metrics", method="POST"), timeout=10)
+    assert info.value.code == 405
