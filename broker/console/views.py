@@ -40,6 +40,12 @@ def memory_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def store_url(broker) -> str:
+    """Where tiered data goes, without credentials (the store's public description)."""
+    description = broker.object_store.public_description()
+    return str(description.get("url", description)) if isinstance(description, dict) else str(description)
+
+
 def overview(broker) -> dict:
     tables = status.tables(broker)
     buckets = [b for t in tables for b in list(t.buckets)]
@@ -53,7 +59,7 @@ def overview(broker) -> dict:
         "bytes_local": sum(b.tablet.size_bytes for b in buckets),
         "groups": len(status.groups(broker)), "memory_bytes": memory_bytes(),
         "loop_lag_ms": round(metrics.loop_lag.last * 1000, 2) if metrics else None,
-        "object_store": broker.object_store.public_description(),
+        "object_store": store_url(broker),
         "healthy": not offline,
     }
 
@@ -149,7 +155,7 @@ def subjects(registry) -> list[dict]:
         version, schema = latest
         out.append({"subject": subject, "versions": len(registry.versions(subject)), "latest": version.version,
                     "id": version.schema_id, "type": schema.schema_type.value,
-                    "compatibility": registry.subject_compatibility(subject).value})
+                    "compatibility": registry.compatibility(subject).value})
     return out
 
 
@@ -232,6 +238,6 @@ def tiering(broker) -> dict:
                   "rounds": None, "snapshot_id": None, "buckets": [], "job": None}
         if ls is not None:
             lake.append(ls)
-    return {"object_store": broker.object_store.public_description(), "remote": remote, "lake": lake,
+    return {"object_store": store_url(broker), "remote": remote, "lake": lake,
             "lake_enabled": broker.extensions.get("lake") is not None,
             "lake_in_broker": broker.extensions.get("lake_worker") is not None}
