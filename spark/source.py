@@ -75,6 +75,11 @@ class Options:
     source: str | None = None                 # union | lake | log; None: decided per table
     lake_catalog: tuple[tuple[str, str], ...] = ()  # extra catalog properties (`lake.catalog.<key>`)
     object_store_options: tuple[tuple[str, str], ...] = ()  # `objectStore.<key>`: reading tiered segments
+    change_column: str | None = None  # writing: the column holding each row's change type (+I, -U, +U, -D)
+    merge_engine: str | None = None  # createTable: the primary-key table's merge engine
+    upsert_key: tuple[str, ...] | None = None  # createTable, engine 'retract'
+    retract_state_ttl_ms: int | None = None  # createTable, engine 'retract'
+    aggregates: tuple[tuple[str, str], ...] = ()  # createTable, engine 'aggregation': `agg.<column>` = function
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], streaming: bool = False) -> "Options":
@@ -110,6 +115,13 @@ class Options:
                                       if k.lower().startswith("lake.catalog."))),
             object_store_options=tuple(sorted((k[len(OBJECT_STORE_PREFIX):], v) for k, v in opts.items()
                                               if k.startswith(OBJECT_STORE_PREFIX))),
+            change_column=opts.get("changecolumn") or None,
+            merge_engine=opts.get("mergeengine") or None,
+            upsert_key=tuple(c.strip() for c in opts["upsertkey"].split(",") if c.strip())
+            if opts.get("upsertkey") else None,
+            retract_state_ttl_ms=_positive(opts, "retractstatettlms", None),
+            aggregates=tuple(sorted((k[len("agg."):], v) for k, v in dict(raw).items()
+                                    if k.lower().startswith("agg.") and v)),
         )
 
 
@@ -543,14 +555,19 @@ class _Appender:
                 table = fc.Table(client, client.describe(self.opts.table))
 
                 keyed = table.info.kind == "primary_key"
+                change = self.opts.change_column
 
                 def flush() -> None:
                     nonlocal pending, size, appends
                     if pending:
                         if keyed:  # primary-key tables: insert or update by key
                             rows = pa.Table.from_batches(pending)
+                            if change:  # a changelog: each row's change type rides as `_change`
+                                rows = rows.rename_columns(["_change" if n == change else n
+                                                            for n in rows.column_names])
                             partial = [n for n in table.schema.names if n not in rows.column_names]
-                            table.upsert(rows, columns=rows.column_names if partial else None)
+                            table.upsert(rows, columns=[n for n in rows.column_names if n != "_change"]
+                                         if partial else None)
                         else:
                             table.append(pending)
                         appends += 1
@@ -653,8 +670,14 @@ class FluvialDataSource(DataSource):
                         raise FluvialSparkError(
                             f"Fluvial table {opts.table!r} does not exist at {opts.url}; create it first, or "
                             f"write with option('createTable', 'true') (and 'buckets', 'kafkaFormat')") from None
-                    client.create_table(opts.table, _table_schema_of(schema), buckets=opts.buckets,
-                                        kafka_format=opts.kafka_format, primary_key=opts.primary_key)
+                    if opts.change_column and not opts.primary_key:
+                        raise FluvialSparkError("option 'changeColumn' writes a changelog into a primary-key "
+                                                "table: set 'primaryKey' too")
+                    client.create_table(opts.table, _table_schema_of(schema, opts.change_column),
+                                        buckets=opts.buckets, kafka_format=opts.kafka_format,
+                                        primary_key=opts.primary_key, merge_engine=opts.merge_engine,
+                                        upsert_key=opts.upsert_key, retract_state_ttl_ms=opts.retract_state_ttl_ms,
+                                        aggregates=dict(opts.aggregates) or None)
                     return opts
         except fc.FluvialError as exc:
             raise _translate(exc, opts) from None
@@ -671,8 +694,8 @@ class FluvialDataSource(DataSource):
 WRITABLE_SYSTEM_COLUMNS = ("_timestamp", "_key", "_headers")
 
 
-def _table_schema_of(schema: StructType) -> pa.Schema:
-    fields = [f for f in arrow_schema(schema) if f.name not in WRITABLE_SYSTEM_COLUMNS]
+def _table_schema_of(schema: StructType, change_column: str | None = None) -> pa.Schema:
+    fields = [f for f in arrow_schema(schema) if f.name not in WRITABLE_SYSTEM_COLUMNS and f.name != change_column]
     return pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) and f.type.tz
                       else f for f in fields])
 
@@ -681,6 +704,14 @@ def _check_writable(schema: StructType, info: fc.TableInfo, opts: Options) -> No
     """The DataFrame's columns must be the table's (types are cast by the broker, which says
     precisely which value does not fit)."""
     names = schema.fieldNames()
+    if opts.change_column:
+        if opts.change_column not in names:
+            raise FluvialSparkError(f"option 'changeColumn' names {opts.change_column!r}, which is not a column of "
+                                    f"the DataFrame {names}")
+        if info.kind != "primary_key":
+            raise FluvialSparkError(f"option 'changeColumn' writes a changelog: {opts.table!r} is a log table, "
+                                    "not a primary-key table")
+        names = [n for n in names if n != opts.change_column]
     users = info.schema.names
     missing = [n for n in users if n not in names]
     unknown = [n for n in names if n not in users and n not in WRITABLE_SYSTEM_COLUMNS]

@@ -264,6 +264,30 @@ def test_writes_into_a_primary_key_table_upsert_by_key(spark, broker, topic_name
                     "owner": ["owner 0", "owner 1", "owner 998", "owner 999"]}
 
 
+def test_a_changelog_shuffled_by_another_column_materializes_right_in_a_retract_table(spark, broker, topic_name):
+    # The seed's join output, shuffled by `level` into 4 tasks that write at the same time:
+    # each task keeps its rows' order, the table sees them interleaved.
+    from tests.integration.test_pk_retract_recovery import reordered_stream
+    from tests.support.changelog_join import upsert_table
+    changes, _ = reordered_stream(21, 600)
+    rows = [(i, op, ident, level, attr) for i, (op, ident, level, attr) in enumerate(changes)]
+    df = (spark.createDataFrame(rows, "seq long, op string, id long, level long, attr string").coalesce(1)
+          .repartition(4, "level").sortWithinPartitions("seq").drop("seq"))
+    (df.write.format("fluvial").option("url", broker.flight_url).option("table", topic_name)
+     .option("createTable", "true").option("primaryKey", "id").option("mergeEngine", "retract")
+     .option("changeColumn", "op").option("buckets", "2").mode("append").save())
+    table = fc.connect(broker.flight_url).table(topic_name)
+    assert table.info.configs["fluvial.merge.engine"] == "retract"
+    assert table.info.schema.names == ["id", "level", "attr"]
+    found = table.lookup(pa.table({"id": pa.array(range(40), pa.int64())})).to_pylist()
+    assert {r["id"]: (r["id"], r["level"], r["attr"]) for r in found} == upsert_table(changes)
+    # A change type the table does not know fails the job with the broker's reason.
+    bad = spark.createDataFrame([("+X", 1, 1, "a")], "op string, id long, level long, attr string")
+    with pytest.raises(Exception, match="invalid change type"):
+        (bad.write.format("fluvial").option("url", broker.flight_url).option("table", topic_name)
+         .option("changeColumn", "op").mode("append").save())
+
+
 # -- filters ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
