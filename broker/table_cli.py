@@ -136,6 +136,13 @@ def table_describe(args) -> int:
         "remote_bytes": [b["remote"]["bytes"] for b in buckets],
         "remote_segments": [b["remote"]["segments"] for b in buckets]})))
     print(f"object store: {storage['object_store']['url']}")
+    if info.kv_stats and info.kv_stats.get("retract"):
+        r = info.kv_stats["retract"]
+        print()
+        print(f"retract state: {r['keys']} key(s), {r['rows']} live row(s), {r['rows_per_key']} per key; "
+              f"retractions that found no row {r['retracts_absent']}, rows expired {r['rows_expired']}")
+        hist = r["rows_per_key_histogram"]
+        print(format_rows(pa.table({"rows_per_key": list(hist), "keys": list(hist.values())})))
     if lake:
         from fluvial.tiering.lake.cli import print_status
         print()
@@ -189,7 +196,9 @@ def table_create(args) -> int:
             t = client.create_table(args.table, schema, buckets=args.buckets, kafka_format=args.kafka_format,
                                     configs=configs, primary_key=_columns(args.primary_key),
                                     bucket_key=_columns(args.bucket_key), merge_engine=args.merge_engine,
-                                    version_column=args.version_column)
+                                    version_column=args.version_column, upsert_key=_columns(args.upsert_key),
+                                    retract_state_ttl_ms=args.retract_state_ttl_ms,
+                                    aggregates=_aggregates(args.agg))
     except Exception as exc:  # noqa: BLE001
         return _fail(exc)
     print(f"created table {t.name} ({t.info.buckets} bucket(s), Kafka values {t.info.kafka_format})")
@@ -199,6 +208,16 @@ def table_create(args) -> int:
             print(f"note: column {f.name!r} is stored as {stored[f.name]}: {t.info.kafka_format} values cannot "
                   f"hold {f.type} (use --kafka-format avro to keep it)", file=sys.stderr)
     return 0
+
+
+def _aggregates(items: list[str] | None) -> dict[str, str] | None:
+    out = {}
+    for item in items or []:
+        column, sep, function = item.partition("=")
+        if not sep or not column or not function:
+            raise SystemExit(f"--agg {item!r} must look like column=function")
+        out[column.strip()] = function.strip()
+    return out or None
 
 
 def _columns(text: str | None) -> list[str] | None:
@@ -236,8 +255,17 @@ def register_table(sub) -> None:
     q.add_argument("--config", action="append", metavar="NAME=VALUE")
     q.add_argument("--primary-key", metavar="A,B", help="primary-key columns: a table of the latest row per key")
     q.add_argument("--bucket-key", metavar="A", help="bucket-key columns (a prefix of the primary key)")
-    q.add_argument("--merge-engine", choices=["last_row", "first_row", "versioned"])
+    q.add_argument("--merge-engine", choices=["last_row", "first_row", "versioned", "retract", "aggregation"],
+                   help="how writes merge per key (docs/primary_keys.md): 'retract' materializes a changelog "
+                   "that arrives reordered; 'aggregation' folds rows with --agg functions")
     q.add_argument("--version-column", help="version column of merge engine 'versioned'")
+    q.add_argument("--upsert-key", metavar="A,B", help="merge engine 'retract': the columns identifying a row "
+                   "among a key's live rows (default all columns)")
+    q.add_argument("--retract-state-ttl-ms", type=int, metavar="MS",
+                   help="merge engine 'retract': drop hidden live rows older than this")
+    q.add_argument("--agg", action="append", metavar="COLUMN=FUNCTION",
+                   help="merge engine 'aggregation': a column's function (repeat): sum, min, max, count, "
+                   "last_value, last_non_null_value, first_value, first_non_null_value, bool_and, bool_or, listagg")
     _url_arg(q)
     q.set_defaults(run=table_create)
     q = ts.add_parser("drop")

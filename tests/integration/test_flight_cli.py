@@ -80,3 +80,34 @@ def test_table_create_primary_key_table(broker, topic_name):
     assert sorted(zip(rows.column("id").to_pylist(), rows.column("name").to_pylist())) == [(1, "new"), (2, "b")]
     described = fluvial("table", "describe", topic_name, *url)
     assert "primary" in described.stdout.lower(), described.stdout
+
+
+def test_table_create_retract_and_aggregation_tables(broker, topic_name):
+    url = ["--url", broker.flight_url]
+    made = fluvial("table", "create", topic_name, "--column", "id:long!", "--column", "level:long",
+                   "--column", "attr:string", "--primary-key", "id", "--merge-engine", "retract",
+                   "--upsert-key", "level", "--retract-state-ttl-ms", "60000", *url)
+    assert made.returncode == 0, made.stderr
+    with fc.connect(broker.flight_url) as client:
+        t = client.table(topic_name)
+        assert t.info.configs["fluvial.upsert.key"] == "level"
+        t.upsert(pa.table({"_change": ["+U", "+I", "-U"], "id": [1, 1, 1], "level": [20, 10, 10],
+                           "attr": ["b1", "a1", "a1"]}))
+        assert t.lookup(pa.table({"id": [1]})).to_pylist() == [{"id": 1, "level": 20, "attr": "b1"}]
+    described = fluvial("table", "describe", topic_name, *url)
+    assert "retract state: 1 key(s), 1 live row(s)" in described.stdout, described.stdout
+
+    agg = f"{topic_name}-agg"
+    made = fluvial("table", "create", agg, "--column", "k:string!", "--column", "total:long",
+                   "--column", "n:long", "--primary-key", "k", "--merge-engine", "aggregation",
+                   "--agg", "total=sum", "--agg", "n=count", *url)
+    assert made.returncode == 0, made.stderr
+    with fc.connect(broker.flight_url) as client:
+        t = client.table(agg)
+        t.upsert(pa.table({"k": ["a", "a", "b"], "total": [5, 7, 1], "n": [1, 1, 1]}))
+        t.upsert(pa.table({"_change": ["-U"], "k": ["a"], "total": [5], "n": [1]}))
+        rows = t.lookup(pa.table({"k": ["a", "b"]})).sort_by("k").to_pylist()
+    assert rows == [{"k": "a", "total": 7, "n": 1}, {"k": "b", "total": 1, "n": 1}]
+    bad = fluvial("table", "create", f"{topic_name}-bad", "--column", "k:string!", "--column", "v:string",
+                  "--primary-key", "k", "--merge-engine", "aggregation", "--agg", "v=sum", *url)
+    assert bad.returncode != 0 and "needs a numeric column" in bad.stderr
