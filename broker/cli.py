@@ -54,6 +54,8 @@ def add_broker_parser(sub) -> None:
                         "--flush-interval-ms; none: left to the OS, like Kafka's default")
     p.add_argument("--flush-interval-ms", type=int, default=d.flush_interval_ms)
     p.add_argument("--retention-check-interval-ms", type=int, default=d.retention_check_interval_ms)
+    p.add_argument("--log-cleaner-backoff-ms", type=int, default=d.log_cleaner_backoff_ms,
+                   help="how often compacted tables are checked for cleaning (Kafka's log.cleaner.backoff.ms)")
     p.add_argument("--group-initial-rebalance-delay-ms", type=int, default=d.group_initial_rebalance_delay_ms)
     p.add_argument("--group-min-session-timeout-ms", type=int, default=d.group_min_session_timeout_ms)
     p.add_argument("--group-max-session-timeout-ms", type=int, default=d.group_max_session_timeout_ms)
@@ -92,6 +94,7 @@ def config_from_args(args) -> BrokerConfig:
                         slow_callback_ms=args.slow_callback_ms,
                         flush_policy=args.flush_policy, flush_interval_ms=args.flush_interval_ms,
                         retention_check_interval_ms=args.retention_check_interval_ms,
+                        log_cleaner_backoff_ms=args.log_cleaner_backoff_ms,
                         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
                         group_min_session_timeout_ms=args.group_min_session_timeout_ms,
                         group_max_session_timeout_ms=args.group_max_session_timeout_ms,

@@ -31,6 +31,8 @@ class BrokerConfig:
     flush_policy: str = "ack"
     flush_interval_ms: int = 1000
     retention_check_interval_ms: int = 30_000
+    # Log compaction: how often compacted tables are checked for cleaning (log.cleaner.backoff.ms).
+    log_cleaner_backoff_ms: int = 15_000
     wire_cache_bytes: int = 64 * 1024 * 1024
     advertised_host: str | None = None
     # Group coordinator (Kafka's names: group.initial.rebalance.delay.ms, ...).
@@ -90,15 +92,33 @@ def config_def(name: str) -> "TopicConfigDef | None":
     return d
 
 
+CLEANUP_POLICIES = ("delete", "compact")
+
+
+def cleanup_policies(value: str) -> set[str]:
+    return {p.strip() for p in str(value).split(",") if p.strip()}
+
+
 # Topic configs a client may set, with the defaults a topic gets when it sets none.
 TOPIC_CONFIGS: dict[str, TopicConfigDef] = {c.name: c for c in [
     TopicConfigDef("retention.ms", str(7 * DAY_MS), "long", "Delete closed segments older than this (-1: keep forever)."),
     TopicConfigDef("retention.bytes", "-1", "long", "Delete the oldest segments while a bucket is larger (-1: no limit)."),
     TopicConfigDef("segment.bytes", str(1024 * 1024 * 1024), "int", "Roll a segment once it is this large."),
     TopicConfigDef("segment.ms", str(7 * DAY_MS), "long", "Roll a segment once it is this old."),
-    TopicConfigDef("segment.index.bytes", str(10 * 1024 * 1024), "int", "Size bound of an offset index."),
+    TopicConfigDef("segment.index.bytes", str(10 * 1024 * 1024), "int",
+                   "Size bound of a segment's offset index: the segment rolls when its index is full."),
     TopicConfigDef("index.interval.bytes", "4096", "int", "Bytes between sparse offset index entries."),
-    TopicConfigDef("cleanup.policy", "delete", "list", "Only 'delete' is supported.", ("delete",)),
+    TopicConfigDef("cleanup.policy", "delete", "list",
+                   "delete (retention by time and size), compact (keep the latest record per key) or both "
+                   "(compact,delete).", CLEANUP_POLICIES),
+    TopicConfigDef("delete.retention.ms", str(DAY_MS), "long",
+                   "Compacted topics: how long a tombstone is kept after the cleaning that first kept it."),
+    TopicConfigDef("min.cleanable.dirty.ratio", "0.5", "double",
+                   "Compacted topics: clean when the uncleaned part is at least this share of the cleanable log."),
+    TopicConfigDef("min.compaction.lag.ms", "0", "long",
+                   "Compacted topics: a record stays uncompacted for at least this long."),
+    TopicConfigDef("max.compaction.lag.ms", "9223372036854775807", "long",
+                   "Compacted topics: a record is eligible for compaction after at most this long."),
     TopicConfigDef("compression.type", "producer", "string",
                    "Codec of fetched batches: 'producer' keeps the producer's codec.",
                    ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")),
@@ -106,8 +126,10 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {c.name: c for c in [
                    ("CreateTime", "LogAppendTime")),
     TopicConfigDef("max.message.bytes", str(1024 * 1024 + 12), "int", "Largest record batch accepted."),
     TopicConfigDef("min.insync.replicas", "1", "int", "Single-node broker: always 1."),
-    TopicConfigDef("flush.messages", "9223372036854775807", "long", "Informational; see the broker's flush policy."),
-    TopicConfigDef("flush.ms", "9223372036854775807", "long", "Informational; see the broker's flush policy."),
+    TopicConfigDef("flush.messages", "9223372036854775807", "long",
+                   "Accepted when the broker's flush policy meets it (ack: every batch is fsynced); refused otherwise."),
+    TopicConfigDef("flush.ms", "9223372036854775807", "long",
+                   "Accepted when the broker's flush policy meets it (ack, or interval at most this); refused otherwise."),
     TopicConfigDef("remote.storage.enable", "false", "bool",
                    "Upload closed segments to the object store; local copies go after local.retention.*."),
     TopicConfigDef("local.retention.ms", "-2", "long",
@@ -176,11 +198,44 @@ def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
                 parse_duration_ms(value)
             except ValueError as exc:
                 raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: {exc}") from None
-        if d.valid and value not in d.valid:
+        if d.kind == "double":
+            try:
+                number = float(value)
+            except ValueError:
+                raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: not a number") from None
+            if not 0.0 <= number <= 1.0:
+                raise InvalidConfigError(f"Invalid value {value} for configuration {name}: must be in [0, 1]")
+        if d.kind == "list" and d.valid:
+            unknown = cleanup_policies(value) - set(d.valid)
+            if unknown or not cleanup_policies(value):
+                raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: "
+                                         f"a comma-separated list of {list(d.valid)}")
+        elif d.valid and value not in d.valid:
             raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: must be one of {list(d.valid)}")
         out[name] = value
     _check_local_retention(out)
+    _check_compaction(out)
     return out
+
+
+def _check_compaction(configs: dict[str, str]) -> None:
+    """Compaction needs keyed log records on local disk: not with remote storage (as in Kafka)
+    nor on primary-key tables (their KV tablet keeps the latest row; the log is the changelog)."""
+    from fluvial.errors import InvalidConfigError
+
+    if "compact" not in cleanup_policies(configs.get("cleanup.policy", "delete")):
+        return
+    if config_flag(configs.get("remote.storage.enable", "false")):
+        raise InvalidConfigError("Remote log storage is not supported for compacted topics "
+                                 "(cleanup.policy=compact with remote.storage.enable=true)")
+    if configs.get("fluvial.primary.key"):
+        raise InvalidConfigError("cleanup.policy=compact is for log tables: a primary-key table keeps the latest "
+                                 "row of each key already, and its log is the changelog")
+    lag_min = int(configs.get("min.compaction.lag.ms", "0"))
+    lag_max = int(configs.get("max.compaction.lag.ms", str((1 << 63) - 1)))
+    if lag_min < 0 or lag_max < 1 or lag_min > lag_max:
+        raise InvalidConfigError(f"min.compaction.lag.ms ({lag_min}) must be >= 0 and at most "
+                                 f"max.compaction.lag.ms ({lag_max}), which must be > 0")
 
 
 def _check_local_retention(configs: dict[str, str]) -> None:
@@ -198,6 +253,25 @@ def _check_local_retention(configs: dict[str, str]) -> None:
         if total >= 0 and (local == -1 or local > total):
             raise InvalidConfigError(f"Invalid value {local} for configuration {local_name}: it must not be "
                                      f"larger than {total_name} ({total})")
+
+
+def check_flush_configs(configs: dict[str, str], broker: BrokerConfig) -> None:
+    """flush.messages / flush.ms ask for fsyncs at least that often. The broker's flush policy
+    decides when data is fsynced: a value it already meets is accepted (under `ack` every
+    batch is fsynced before it is acknowledged, so any value is), others are refused rather
+    than silently ignored. Raises InvalidConfigError."""
+    from fluvial.errors import InvalidConfigError
+
+    never = (1 << 63) - 1
+    for name in ("flush.messages", "flush.ms"):
+        if name not in configs or int(configs[name]) == never or broker.flush_policy == "ack":
+            continue
+        if name == "flush.ms" and broker.flush_policy == "interval" and broker.flush_interval_ms <= int(configs[name]):
+            continue
+        raise InvalidConfigError(
+            f"{name}={configs[name]} is not met by the broker's flush policy {broker.flush_policy!r} "
+            f"(flush interval {broker.flush_interval_ms} ms); fsyncs are set per broker (--flush-policy ack fsyncs "
+            f"every batch before acknowledging it)")
 
 
 def check_alterable(current: dict[str, str], new: dict[str, str]) -> None:

@@ -234,6 +234,18 @@ def table_drop(args) -> int:
     return 0
 
 
+def table_compact(args) -> int:
+    try:
+        with _connect(args) as client:
+            buckets = client._action("compact", {"table": args.table})
+    except Exception as exc:  # noqa: BLE001
+        return _fail(exc)
+    for b in buckets:
+        print(f"bucket {b['bucket']}: {b.get('records_before', 0)} -> {b.get('records_after', 0)} records, "
+              f"{b.get('segments_rewritten', 0)} segments rewritten, {b.get('tombstones_removed', 0)} tombstones removed")
+    return 0
+
+
 @subcommand
 def register_table(sub) -> None:
     p = sub.add_parser("table", help="list, describe, create and drop tables (table API)")
@@ -272,6 +284,10 @@ def register_table(sub) -> None:
     q.add_argument("table")
     _url_arg(q)
     q.set_defaults(run=table_drop)
+    q = ts.add_parser("compact", help="clean a table with cleanup.policy=compact now (latest record per key)")
+    q.add_argument("table")
+    _url_arg(q)
+    q.set_defaults(run=table_compact)
 
 
 # ---- scan -------------------------------------------------------------------

@@ -18,13 +18,17 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from fluvial.broker import kafka_batches
-from fluvial.broker.config import TOPIC_CONFIGS, BrokerConfig, check_alterable, config_flag, validate_topic_configs
+from fluvial.broker.config import (TOPIC_CONFIGS, BrokerConfig, check_alterable, check_flush_configs, cleanup_policies,
+                                   config_flag,
+                                   validate_topic_configs)
 from fluvial.broker.log import BatchMeta, FlushPolicy, LogConfig, LogTablet
 from fluvial.broker.metadata import MetadataStore
-from fluvial.errors import FluvialError, InvalidPartitionsError, InvalidTableError, TableExistsError, UnknownTableError
+from fluvial.errors import (FluvialError, InvalidPartitionsError, InvalidRecordError, InvalidTableError,
+                            TableExistsError, UnknownTableError)
 from fluvial.protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -144,6 +148,11 @@ class Bucket:
         return local if remote is None else min(remote, local)
 
     def append(self, records: pa.RecordBatch, meta: BatchMeta) -> BatchMeta:
+        if self.table.compacted and records.column("_key").null_count:
+            keyless = np.flatnonzero(records.column("_key").is_null().to_numpy(zero_copy_only=False))
+            message = (f"Compacted topic cannot accept message without key in topic partition "
+                       f"{self.table.name}-{self.index}.")
+            raise InvalidRecordError(message, record_errors=[(int(i), message) for i in keyless])
         written = self.tablet.append(records, meta, leader_epoch=self.leader_epoch)
         if self.tablet.config.flush_policy is FlushPolicy.ACK:
             # Readers see it once fsynced: the group commit wakes them then.
@@ -186,6 +195,11 @@ class Table:
     def remote_storage_enabled(self) -> bool:
         return config_flag(self.config("remote.storage.enable"))
 
+    @property
+    def compacted(self) -> bool:
+        """cleanup.policy holds `compact`: the log keeps the latest record of each key."""
+        return "compact" in cleanup_policies(self.config("cleanup.policy"))
+
     def fixed_buckets_reason(self) -> str | None:
         """Why the bucket count must not change, or None. Log tables may grow; tables whose
         rows are placed by hashing their key (primary-key tables) may not."""
@@ -216,9 +230,17 @@ def log_config_for(table_configs: dict[str, str], broker: BrokerConfig) -> LogCo
         local_ms, local_bytes = get("local.retention.ms"), get("local.retention.bytes")
         retention_ms = retention_ms if local_ms == -2 else local_ms
         retention_bytes = retention_bytes if local_bytes == -2 else local_bytes
+    policies = cleanup_policies(table_configs.get("cleanup.policy", TOPIC_CONFIGS["cleanup.policy"].default))
+    segment_ms = get("segment.ms")
+    if "compact" in policies:
+        # A record must become cleanable within max.compaction.lag.ms: the active segment rolls by then.
+        segment_ms = min(segment_ms, get("max.compaction.lag.ms"))
+    if "delete" not in policies:
+        retention_ms, retention_bytes = -1, -1  # compact only: records go by compaction alone
     return LogConfig(
         segment_bytes=get("segment.bytes"),
-        segment_ms=get("segment.ms"),
+        segment_ms=segment_ms,
+        segment_index_bytes=get("segment.index.bytes"),
         retention_ms=retention_ms,
         retention_bytes=retention_bytes,
         index_interval_bytes=get("index.interval.bytes"),
@@ -351,6 +373,7 @@ class TableManager:
         if buckets > MAX_BUCKETS:
             raise InvalidPartitionsError(f"Number of partitions {buckets} is above the limit of {MAX_BUCKETS}")
         overrides = validate_topic_configs(configs or {})
+        check_flush_configs(overrides, self.config)
         table = Table(name, uuid.uuid4(), overrides, int(time.time() * 1000),
                       broker_defaults=broker_topic_defaults(self.config))
         reserved = self._reserve(name)
@@ -448,6 +471,7 @@ class TableManager:
         table = self.get(name)
         clean = validate_topic_configs(overrides)
         check_alterable(table.configs, clean)
+        check_flush_configs(clean, self.config)
         if validate_only:
             return table
         await self._off_loop(self._store_configs, name, clean)

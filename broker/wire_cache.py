@@ -77,6 +77,12 @@ class WireCache:
         self.hits += len(out)
         return out, size
 
+    def drop_bucket_below(self, table: str, bucket: int, offset: int) -> None:
+        """Forget a bucket's batches below ``offset`` (log compaction rewrote them)."""
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == table and k[1] == bucket and k[2] < offset]:
+                self._bytes -= len(self._entries.pop(key))
+
     def drop_table(self, table: str) -> None:
         with self._lock:
             for key in [k for k in self._entries if k[0] == table]:

@@ -20,6 +20,7 @@ from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.flight import catalog
 from fluvial.broker.flight import pk as pk_api
 from fluvial.broker.flight import tiering as tiering_api
+from fluvial.broker.flight import compaction as compaction_api
 from fluvial.broker.flight.append import append_on_loop, split_for_kafka, to_stored, writer_schema_id
 from fluvial.broker.flight.errors import flight_errors, guard, json_object, malformed_request
 from fluvial.broker.flight.scan import plan_scan, scan_bucket
@@ -111,7 +112,7 @@ class TableFlightServer(flight.FlightServerBase):
         return flight.SchemaResult(catalog.schema_with_field_ids(catalog.user_schema(self._table(name))))
 
     def list_actions(self, context):
-        return list(ACTIONS.items()) + list(pk_api.ACTIONS.items()) + list(lake_actions.ACTIONS.items()) + list(tiering_api.ACTIONS.items())
+        return list(ACTIONS.items()) + list(pk_api.ACTIONS.items()) + list(lake_actions.ACTIONS.items()) + list(tiering_api.ACTIONS.items()) + list(compaction_api.ACTIONS.items())
 
     @flight_errors
     def do_action(self, context, action):
@@ -131,6 +132,9 @@ class TableFlightServer(flight.FlightServerBase):
         tiering_results = tiering_api.do_action(self, kind, body)
         if tiering_results is not None:
             return tiering_results
+        compaction_results = compaction_api.do_action(self, kind, body)
+        if compaction_results is not None:
+            return compaction_results
         if kind == LIST_TABLES:
             result: Any = [catalog.describe(t) for t in sorted(self.broker.tables.tables.values(), key=lambda t: t.name)]
         elif kind == DESCRIBE:

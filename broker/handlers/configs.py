@@ -18,7 +18,7 @@ SOURCE_DYNAMIC_TOPIC = 1
 SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
 # DescribeConfigs v3+ config types.
-CONFIG_TYPE = {"bool": 1, "string": 2, "int": 3, "long": 5, "list": 7, "duration": 2}
+CONFIG_TYPE = {"bool": 1, "string": 2, "int": 3, "long": 5, "double": 6, "list": 7, "duration": 2}
 
 
 def topic_config_entries(table, keys: list[str] | None, synonyms: bool, docs: bool) -> list:

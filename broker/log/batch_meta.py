@@ -28,7 +28,7 @@ _FIELDS = (
 )
 # Appended fields (encoding version 1 allows more fields after the known ones): written
 # only when they differ from their defaults, so batches without them keep their bytes.
-_OPTIONAL_FIELDS = ("producer_record_count",)
+_OPTIONAL_FIELDS = ("producer_record_count", "delete_horizon_ms")
 _ENCODED = (_ENCODING_VERSION + ";%d" * len(_FIELDS)).encode("ascii")
 
 
@@ -51,6 +51,9 @@ class BatchMeta:
     # differ from them: a primary-key table stores the batch's changelog (-U/+U for an
     # update, nothing for a no-op), not the records sent. -1: the same as record_count.
     producer_record_count: int = -1
+    # Log compaction: set when the cleaner first kept this batch's tombstones; once the wall
+    # clock passes it (delete.retention.ms later) a later cleaning removes them. -1: none.
+    delete_horizon_ms: int = -1
 
     @property
     def last_offset(self) -> int:
@@ -89,8 +92,10 @@ class BatchMeta:
         text = _ENCODED % (self.base_offset, self.last_offset_delta, self.record_count, self.base_timestamp,
                            self.max_timestamp, self.producer_id, self.producer_epoch, self.base_sequence,
                            self.attributes, self.partition_leader_epoch, self.schema_id)
-        if self.producer_record_count != -1:
+        if self.producer_record_count != -1 or self.delete_horizon_ms != -1:
             text += b";%d" % self.producer_record_count
+        if self.delete_horizon_ms != -1:
+            text += b";%d" % self.delete_horizon_ms
         return text
 
     @classmethod

@@ -31,6 +31,8 @@ class LogConfig:
     retention_ms: int = 7 * DAY_MS  # -1 keeps data forever
     retention_bytes: int = -1  # -1 means no size limit
     index_interval_bytes: int = 4096
+    # segment.index.bytes: a segment rolls once its offset index holds this many bytes (16 an entry).
+    segment_index_bytes: int = 10 * 1024 * 1024
     flush_policy: FlushPolicy = FlushPolicy.ACK
     flush_interval_ms: int = 1000
     message_timestamp_type: TimestampType = TimestampType.CREATE_TIME

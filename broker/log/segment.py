@@ -344,6 +344,11 @@ class LogSegment:
                     self._map = data
         return data
 
+    def pin_mapping(self) -> None:
+        """Map the whole file now, so readers keep reading this file's bytes after it is
+        replaced by a cleaned copy under the same name (log compaction)."""
+        self._mapped(self.state.size)
+
     def read_schema(self) -> pa.Schema:
         if self.schema is None:
             _, self.schema = read_schema_message(memoryview(self.schema_message), len(self.schema_message))

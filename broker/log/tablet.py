@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import shutil
 import threading
 import time
@@ -31,6 +32,12 @@ TIMESTAMP_COLUMN = "_timestamp"
 LOG_START_CHECKPOINT = "log-start-offset.checkpoint"
 RECOVERY_POINT_CHECKPOINT = "recovery-point.checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch.checkpoint"
+CLEANER_CHECKPOINT = "cleaner-offset.checkpoint"
+# Log compaction's crash-safe swap (broker/log/cleaner.py): a cleaned copy of a segment is
+# written as `<segment>.cleaned`, fsynced, renamed to `<segment>.swap` (the commit point)
+# and then renamed over the segment.
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
 # How often a flush also writes the recovery point: after a crash, at most about this much
 # of the newest data is checked (and at least every rolled segment is skipped).
 RECOVERY_CHECKPOINT_INTERVAL_MS = 500
@@ -100,6 +107,11 @@ class LogTablet:
         # (the end of the committed remote log), so no local copy goes before it is uploaded.
         # None: no such limit.
         self.retention_limit_offset: int | None = None
+        # Log compaction: one cleaning of this tablet at a time; the first offset not cleaned yet.
+        self.cleaner_lock = threading.Lock()
+        self.cleaner_checkpoint = OffsetCheckpoint(directory / CLEANER_CHECKPOINT)
+        # Set by roll(): the next append starts a new segment, so the last one may be cleaned.
+        self._roll_requested = False
 
     # -- opening and recovery -------------------------------------------------------------
 
@@ -117,6 +129,7 @@ class LogTablet:
     def _load(self) -> None:
         for leftover in self.directory.glob("*.tmp"):
             leftover.unlink()
+        self._finish_cleaner_swaps()
         self.leader_epochs = LeaderEpochCache(self.directory / LEADER_EPOCH_CHECKPOINT)
         log_start = self._log_start_checkpoint.read(0)
         recovery_point = self._recovery_checkpoint.read(0)
@@ -169,6 +182,29 @@ class LogTablet:
                 segment.flush()
             fsync_directory(self.directory)
             self._recovery_checkpoint.write(log_end, durable=False)
+
+    def _finish_cleaner_swaps(self) -> None:
+        """After a crash during log compaction: a `.swap` file is a whole, fsynced cleaned copy
+        of its segment, so it replaces the segment (unless the segment itself is gone, deleted
+        by retention meanwhile); a `.cleaned` file was not finished and is dropped. Index files
+        of a replaced segment are removed, to be rebuilt from the data."""
+        changed = False
+        for swap in sorted(self.directory.glob("*" + DATA_SUFFIX + SWAP_SUFFIX)):
+            base = swap.name[: -len(DATA_SUFFIX + SWAP_SUFFIX)]
+            target = self.directory / (base + DATA_SUFFIX)
+            if target.exists():
+                for suffix in (OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                    (self.directory / (base + suffix)).unlink(missing_ok=True)
+                os.replace(swap, target)
+            else:
+                swap.unlink()
+            changed = True
+        for pattern in ("*" + CLEANED_SUFFIX, "*" + SWAP_SUFFIX):
+            for leftover in self.directory.glob(pattern):
+                leftover.unlink()
+                changed = True
+        if changed:
+            fsync_directory(self.directory)
 
     def _remove_orphan_indexes(self, bases: set[int]) -> None:
         for suffix in (OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX):
@@ -354,12 +390,61 @@ class LogTablet:
         return stored, self._schema_cache[2]
 
     def _should_roll(self, active: LogSegment, encoded, meta: BatchMeta) -> bool:
+        if self._roll_requested:
+            self._roll_requested = False
+            return True
         state = active.state
         if not active.accepts_schema(encoded.schema_message):
             return True  # one schema per segment file keeps every segment a plain IPC stream
         if state.size + encoded.size > self.config.segment_bytes:
             return True
+        if (len(active.offset_index) + 1) * 16 > self.config.segment_index_bytes:
+            return True  # the offset index is full (segment.index.bytes)
         return meta.max_timestamp - state.first_max_timestamp > self.config.segment_ms
+
+    # -- log compaction (broker/log/cleaner.py does the cleaning) ----------------------------
+
+    def roll(self) -> None:
+        """Close the active segment for cleaning: the next append starts a new segment."""
+        with self._write_lock:
+            if self._view.segments:
+                self._roll_requested = True
+
+    def closed_segments(self) -> tuple[LogSegment, ...]:
+        """The segments no append will touch again, oldest first, all below the high
+        watermark (so nothing a crash could take back is cleaned)."""
+        with self._write_lock:
+            segments = self._view.segments
+            closed = segments if self._roll_requested else segments[:-1]
+            visible = self.high_watermark
+        return tuple(s for s in closed if s.state.next_offset <= visible)
+
+    def replace_segment(self, old: LogSegment, cleaned: LogSegment, swap_path: Path,
+                        swap_indexes: tuple[Path, Path]) -> bool:
+        """Install a cleaned copy of ``old`` (covering the same offsets), written and fsynced at
+        ``swap_path``. False (and the copy removed) when ``old`` left the log meanwhile
+        (retention, DeleteRecords)."""
+        # Readers holding an older view go on reading the old file through its mapping.
+        old.pin_mapping()
+        with self._write_lock:
+            old.close_for_append()  # the segment last active before a roll() may still hold it
+            segments = self._view.segments
+            if old not in segments or self._closed:
+                for path in (swap_path, *swap_indexes):
+                    path.unlink(missing_ok=True)
+                return False
+            for path in (old.offset_index.path, old.time_index.path):
+                path.unlink(missing_ok=True)
+            os.replace(swap_path, old.data_path)
+            cleaned.data_path = old.data_path
+            for index, path, target in ((cleaned.offset_index, swap_indexes[0], old.offset_index.path),
+                                        (cleaned.time_index, swap_indexes[1], old.time_index.path)):
+                os.replace(path, target)
+                index.path = target
+            old.deleted = True
+            self._view = _SegmentList.of(tuple(cleaned if s is old else s for s in segments))
+        fsync_directory(self.directory)
+        return True
 
     # -- reading --------------------------------------------------------------------------
 
@@ -492,6 +577,8 @@ class LogTablet:
             if meta.next_offset <= log_start or (best is not None and meta.max_timestamp <= best[1]):
                 continue
             timestamps, offsets = _timestamps_and_offsets(segment.read_batch(header, state))
+            if not len(timestamps):
+                continue  # a batch log compaction emptied
             timestamps = np.where(offsets >= log_start, timestamps, np.iinfo(np.int64).min)
             i = int(np.argmax(timestamps))
             if best is None or timestamps[i] > best[1]:
