@@ -424,6 +424,7 @@ class Scan(ArrowResults):
         self.buckets = list(buckets) if buckets is not None else list(range(table.info.buckets))
         fields = _scan_fields(table)
         compiled = filters.compile_filter(filter, fields, table.name)  # raises before any request
+        self._user_filter = filter
         # What the broker filters (tuples, batches skipped by statistics) and what is left
         # for the client (an expression applied to what arrives; None: nothing).
         self.filter: list[list[Any]] = compiled.pushed
@@ -654,6 +655,9 @@ class Scan(ArrowResults):
         kwargs.setdefault("self_destruct", True)
         kwargs.setdefault("split_blocks", True)
         return self.to_arrow().to_pandas(**kwargs)
+
+    def with_columns(self, columns: list[str]) -> "Scan":
+        return Scan(self.table, columns, self._user_filter, self.start, self.end, self.buckets)
 
     def output_schema(self) -> pa.Schema:
         """The columns the scan returns, known without a request (from the table's description)."""

@@ -38,11 +38,45 @@ class ArrowResults:
         and others read the scan as a stream, without a copy into an intermediate table."""
         return self.to_reader().__arrow_c_stream__(requested_schema)
 
-    def to_polars(self) -> Any:
-        """The rows as a Polars DataFrame, imported from the stream (needs polars)."""
+    def with_columns(self, columns: list[str]) -> "ArrowResults":  # pragma: no cover - given by the scan classes
+        """The same scan (filter, offsets, buckets) returning only `columns`."""
+        raise NotImplementedError
+
+    def to_polars(self, lazy: bool = False) -> Any:
+        """The rows as a Polars DataFrame, imported from the stream (needs polars).
+
+        lazy=True: a Polars LazyFrame instead, read only when collected; the columns the
+        query uses are the only ones read from Fluvial (projection pushdown), rows stream
+        batch by batch (`collect(engine="streaming")` keeps memory bounded), and a `head`
+        stops the read early. Polars predicates are applied by Polars to each batch: give
+        the scan a `filter` to have Fluvial skip batches.
+
+        >>> t.scan(filter=pc.field("amount") > 10).to_polars(lazy=True).group_by("city").agg(pl.len()).collect()
+        """
         import polars as pl
 
-        return pl.from_arrow(self.to_reader(), rechunk=False)
+        if not lazy:
+            return pl.from_arrow(self.to_reader(), rechunk=False)
+        from polars.io.plugins import register_io_source
+
+        schema = pl.from_arrow(self.output_schema().empty_table()).schema
+        names = list(schema.names())
+
+        def source(with_columns, predicate, n_rows, batch_size) -> Iterator[Any]:
+            scan = self.with_columns([c for c in names if c in with_columns]) if with_columns is not None else self
+            left = n_rows
+            for batch in scan.to_batches():
+                frame = pl.from_arrow(batch, rechunk=False)
+                if predicate is not None:
+                    frame = frame.filter(predicate)
+                if left is not None:
+                    frame = frame.head(left)
+                    left -= frame.height
+                yield frame
+                if left is not None and left <= 0:
+                    return
+
+        return register_io_source(source, schema=schema)
 
 
 def _conformed(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:

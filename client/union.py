@@ -525,6 +525,10 @@ class UnionScan(ArrowResults):
     def output_schema(self) -> pa.Schema:
         return self.schema
 
+    def with_columns(self, columns: list[str]) -> "UnionScan":
+        return UnionScan(self.table, columns, self._user_filter, self.start, self.end, self.buckets, self.source,
+                         self.lake_catalog)
+
     def follow(self) -> Iterator[pa.RecordBatch]:
         """The union up to now, then new rows of the log as they are appended (log tables)."""
         from fluvial.client.client import Scan
