@@ -198,3 +198,43 @@ def test_bad_filters_are_refused_before_any_request(client, topic_name):
         offline.scan(filter=pc.field("price") > 1)
     with pytest.raises(fc.InvalidRequestError):
         offline.scan(filter="i > 5")
+
+
+# -- union reads of lake tables ----------------------------------------------------------------
+
+from tests.integration.test_union_read import PK_SCHEMA, lake, make_log_table  # noqa: E402,F401 - fixture
+from tests.support.lake import sort_rows, tier_log_rows, tier_pk_state  # noqa: E402
+
+
+def test_union_reads_take_expressions_like_log_reads(client, lake, topic_name):
+    catalog, tables, _ = lake
+    t = make_log_table(client, topic_name)
+    ends = {o.bucket: o.high_watermark for o in t.offsets()}
+    tables[t.name] = tier_log_rows(catalog, t, {b: e // 2 for b, e in ends.items()})
+    full = t.scan(source="log").to_arrow()
+    for expr in [(pc.field("amount") >= 30) & (pc.field("city") != "Oslo"),           # pushed whole
+                 (pc.field("qty") < 20) | pc.field("city").is_null(),                   # client only
+                 (pc.field("amount") > 100) & (pc.field("qty") > pc.field("amount")),   # both
+                 pc.field("city").isin(["Lima", "Pune"]) & ~(pc.field("qty") > 150)]:
+        got = t.scan(columns=["id"], filter=expr, source="union")
+        rows = got.to_arrow()
+        assert rows.column_names == ["id"]
+        assert ids(rows) == ids(ds.dataset(full).to_table(filter=expr)), expr
+        assert ids(got.to_reader().read_all()) == ids(rows)
+
+
+def test_primary_key_union_reads_take_expressions(client, lake, topic_name):
+    catalog, tables, _ = lake
+    t = client.create_table(topic_name, PK_SCHEMA, buckets=2, primary_key=["user", "item"],
+                            configs={"fluvial.lake.enable": "true"})
+    t.upsert(pa.table({"user": [f"u{i}" for i in range(30)], "item": pa.array(range(30), pa.int32()),
+                       "qty": list(range(30)), "note": ["a", "b", None] * 10}, schema=PK_SCHEMA))
+    full = t.full_read()
+    tables[t.name] = tier_pk_state(catalog, t, full.rows, full.offsets)
+    t.upsert(pa.table({"user": ["u1", "u2"], "item": pa.array([1, 2], pa.int32()), "qty": [100, -5],
+                       "note": ["z", "a"]}, schema=PK_SCHEMA))
+    current = t.scan(source="union").to_arrow()
+    expr = ((pc.field("qty") > 10) & (pc.field("note") != "a")) | (pc.field("qty") < 0)
+    got = t.scan(columns=["user", "qty"], filter=expr, source="union").to_arrow()
+    want = ds.dataset(current).to_table(filter=expr).select(["user", "qty"])
+    assert sort_rows(got, ["user"]) == sort_rows(want, ["user"])
