@@ -11,6 +11,7 @@ from pathlib import Path
 from benchmarks import brokers, kafka_dist, machine, report, runner
 from benchmarks.brokers import KafkaFrom
 from benchmarks.workloads import Scale, all_workloads
+from fluvial.progress import cli_progress
 
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 FULL_ROUNDS = 4    # 1 warm-up + 3 counted
@@ -76,11 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     workdir = brokers.make_workdir()
     fleet = runner.Fleet(systems, workdir, kafka_from)
     started = time.monotonic()
+    steps = sum(len(w.cases(scale)) for w in chosen) * rounds * len(systems)
     try:
-        for workload in chosen:
-            result = runner.run_workload(workload, fleet, systems, scale, rounds, warmup, command, host)
-            path = report.write_workload_json(args.results_dir, result.to_json())
-            runner.log(f"wrote {path}")
+        with cli_progress("benchmarks", steps, "runs") as bar:
+            for workload in chosen:
+                bar.update(description=f"benchmarks: {workload.name}")
+                result = runner.run_workload(workload, fleet, systems, scale, rounds, warmup, command, host,
+                                             on_step=bar.advance)
+                path = report.write_workload_json(args.results_dir, result.to_json())
+                runner.log(f"wrote {path}")
     finally:
         fleet.stop_all()
         brokers.remove_workdir(workdir)

@@ -8,7 +8,7 @@ import sys
 import time
 import traceback
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,7 +187,10 @@ def round_order(systems: Sequence[SystemSpec], round_no: int) -> list[SystemSpec
 
 
 def run_workload(workload: Workload, fleet: Fleet, systems: Sequence[SystemSpec], scale: Scale,
-                 rounds: int, warmup_rounds: int, command: str, machine: dict[str, object]) -> WorkloadResult:
+                 rounds: int, warmup_rounds: int, command: str, machine: dict[str, object],
+                 on_step: Callable[[], None] | None = None) -> WorkloadResult:
+    """Every case of the workload on every system, `rounds` times; `on_step()` after each
+    (system, case, round) run, done or given up (the progress bar)."""
     result = WorkloadResult(workload=workload, scale=scale, systems=systems, rounds=rounds,
                             warmup_rounds=warmup_rounds, command=command, machine=machine)
     result.load_average["start"] = round(os.getloadavg()[0], 2)
@@ -216,34 +219,38 @@ def run_workload(workload: Workload, fleet: Fleet, systems: Sequence[SystemSpec]
         tag = "warm-up" if round_no < warmup_rounds else "counted"
         for case in cases:
             for spec in round_order(systems, round_no):
-                if (spec.name, case.name) in given_up:
-                    continue
-                broker = fleet.get(spec.name)
-                if broker is None:
-                    result.failures.append(Failure(spec.name, case.name, round_no,
-                                                   fleet.unavailable_reason(spec.name)))
-                    given_up.add((spec.name, case.name))
-                    continue
                 try:
-                    with RssSampler(broker.pid) as rss:
-                        figures = case.run(broker, prepared.get(spec.name))
-                    figures[BROKER_PEAK_RSS.name] = rss.peak_bytes / 1e6
-                except Exception as exc:
-                    result.failures.append(Failure(spec.name, case.name, round_no, _error_text(exc)))
-                    given_up.add((spec.name, case.name))
-                    log(f"[{workload.name}] round {round_no + 1}/{rounds} ({tag}) {spec.name} "
-                        f"{case.name}: FAILED {_short(_error_text(exc))}")
-                    # A wedged broker would make every later case wait for its timeout.
-                    if not (broker.alive() and brokers.responsive(broker.bootstrap)):
-                        reason = "broker stopped answering after a failed case; not run"
-                        log(f"[{workload.name}] {spec.name}: {reason} for the rest of this workload")
-                        for other in cases:
-                            if (spec.name, other.name) not in given_up:
-                                given_up.add((spec.name, other.name))
-                                result.failures.append(Failure(spec.name, other.name, round_no, reason))
-                    continue
-                result.record(case.name, spec.name, round_no, figures)
-                shown = ", ".join(f"{k} {stats.format_value(v)}" for k, v in figures.items())
-                log(f"[{workload.name}] round {round_no + 1}/{rounds} ({tag}) {spec.name} {case.name}: {shown}")
+                    if (spec.name, case.name) in given_up:
+                        continue
+                    broker = fleet.get(spec.name)
+                    if broker is None:
+                        result.failures.append(Failure(spec.name, case.name, round_no,
+                                                       fleet.unavailable_reason(spec.name)))
+                        given_up.add((spec.name, case.name))
+                        continue
+                    try:
+                        with RssSampler(broker.pid) as rss:
+                            figures = case.run(broker, prepared.get(spec.name))
+                        figures[BROKER_PEAK_RSS.name] = rss.peak_bytes / 1e6
+                    except Exception as exc:
+                        result.failures.append(Failure(spec.name, case.name, round_no, _error_text(exc)))
+                        given_up.add((spec.name, case.name))
+                        log(f"[{workload.name}] round {round_no + 1}/{rounds} ({tag}) {spec.name} "
+                            f"{case.name}: FAILED {_short(_error_text(exc))}")
+                        # A wedged broker would make every later case wait for its timeout.
+                        if not (broker.alive() and brokers.responsive(broker.bootstrap)):
+                            reason = "broker stopped answering after a failed case; not run"
+                            log(f"[{workload.name}] {spec.name}: {reason} for the rest of this workload")
+                            for other in cases:
+                                if (spec.name, other.name) not in given_up:
+                                    given_up.add((spec.name, other.name))
+                                    result.failures.append(Failure(spec.name, other.name, round_no, reason))
+                        continue
+                    result.record(case.name, spec.name, round_no, figures)
+                    shown = ", ".join(f"{k} {stats.format_value(v)}" for k, v in figures.items())
+                    log(f"[{workload.name}] round {round_no + 1}/{rounds} ({tag}) {spec.name} {case.name}: {shown}")
+                finally:
+                    if on_step is not None:
+                        on_step()
     result.load_average["end"] = round(os.getloadavg()[0], 2)
     return result

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fluvial.broker import kafka_batches
+from fluvial.progress import ProgressLog
 from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.log import BatchMeta, FlushPolicy, StoredBatch
 from fluvial.broker.tables import Bucket, Table
@@ -667,6 +668,10 @@ def catch_up(tablet: KvTablet, bucket: Bucket) -> int:
     log_tablet = bucket.tablet
     applied = 0
     started = time.monotonic()
+    first = tablet.applied_offset
+    # A long replay (a KV tablet rebuilt from the whole changelog) says how far it is.
+    progress = ProgressLog(log, f"KV tablet {tablet.path}: replaying the changelog",
+                           max(0, log_tablet.log_end_offset - first), "offsets")
     while tablet.applied_offset < log_tablet.log_end_offset:
         batches = _changelog_from(bucket, tablet.applied_offset)
         if not batches:
@@ -676,6 +681,7 @@ def catch_up(tablet: KvTablet, bucket: Bucket) -> int:
         if tablet.applied_offset == before:
             # Batches without rows past the applied offset: step over them.
             tablet.applied_offset = batches[-1].meta.next_offset
+        progress.update(tablet.applied_offset - first)
     if applied:
         log.info("KV tablet %s: replayed %d changelog rows in %.2fs", tablet.path, applied,
                  time.monotonic() - started)

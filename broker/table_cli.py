@@ -288,6 +288,8 @@ def register_table(sub) -> None:
     q.add_argument("table")
     _url_arg(q)
     q.set_defaults(run=table_compact)
+    from fluvial.broker.table_copy import add_parsers
+    add_parsers(ts, _url_arg)
 
 
 # ---- scan -------------------------------------------------------------------

@@ -30,6 +30,7 @@ from fluvial.broker.metadata import MetadataStore
 from fluvial.errors import (FluvialError, InvalidPartitionsError, InvalidRecordError, InvalidTableError,
                             TableExistsError, UnknownTableError)
 from fluvial.protocol.errors import ErrorCode
+from fluvial.progress import ProgressLog
 
 log = logging.getLogger(__name__)
 
@@ -312,8 +313,10 @@ class TableManager:
 
         # Buckets recover independently: opened in parallel on the I/O threads (file reads,
         # checksums and fsyncs release the GIL), about twice as fast with many buckets.
+        progress = ProgressLog(log, "opening and recovering log tablets", len(jobs), "buckets")
         for (table, i), tablet in zip(jobs, self.io_executor.map(open_tablet, jobs)):
             table.buckets.append(Bucket(table, i, tablet, self.io_executor))
+            progress.advance()
         for table, _ in tables:
             self._publish(table, self._prepare_open(table))
         log.info("opened %d tables (%d buckets) in %.3f s", len(self.tables), len(jobs), time.perf_counter() - started)

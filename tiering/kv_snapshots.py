@@ -23,6 +23,7 @@ Every call blocks (object store I/O): the broker runs them on executors.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -35,6 +36,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fluvial.errors import ObjectNotFound, StorageError
+from fluvial.progress import ProgressLog
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 ROWS = "rows.parquet"
@@ -170,6 +174,8 @@ class RemoteKvSnapshots:
         tmp = dest.parent / f".{dest.name}.download"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        progress = ProgressLog(log, f"restoring KV snapshot {snap.snapshot_id} into {dest}",
+                               sum(size for _, size in snap.files), "bytes")
         try:
             for name, size in snap.files:
                 key = f"{snap.prefix}/db/{name}"
@@ -186,7 +192,9 @@ class RemoteKvSnapshots:
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
+                progress.advance(size)
             os.rename(tmp, dest)
+            progress.finish()
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -9,6 +9,7 @@ import sys
 import pyarrow as pa
 
 from fluvial.broker.cli import key_values, setup_logging, subcommand
+from fluvial.progress import cli_progress
 
 DEFAULT_URL = "grpc://127.0.0.1:8815"
 
@@ -46,8 +47,16 @@ def run_tier(args) -> int:
         io = NativeRoundIO(args.url)
     worker = TieringWorker(args.url, args.job, key_values(args.catalog_option, "--catalog-option"), io,
                            args.table, args.poll)
+    tiered = 0
     try:
-        worker.run(rounds=args.rounds, idle_exit_s=args.idle_exit)
+        with cli_progress("lake tiering", args.rounds, "rounds") as bar:
+            def on_round(result) -> None:
+                nonlocal tiered
+                tiered += result.rows
+                bar.update(description=f"lake tiering ({tiered:,} rows, last: {result.table})")
+                bar.advance(1)
+            worker.on_round = on_round
+            worker.run(rounds=args.rounds, idle_exit_s=args.idle_exit)
     except KeyboardInterrupt:
         pass
     finally:

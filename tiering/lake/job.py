@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import pyarrow as pa
 
@@ -232,6 +232,8 @@ class TieringWorker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.results: list[RoundResult] = []
+        # Called after each completed round (the CLI advances its progress bar).
+        self.on_round: Callable[[RoundResult], None] | None = None
 
     def run_once(self) -> RoundResult | None:
         """One round of whichever table is due; None when none is."""
@@ -253,6 +255,8 @@ class TieringWorker:
                     return None
                 raise
             self.results.append(result)
+            if self.on_round is not None:
+                self.on_round(result)
             return result
 
     def run(self, rounds: int | None = None, idle_exit_s: float | None = None) -> None:
