@@ -33,6 +33,8 @@ class BrokerConfig:
     retention_check_interval_ms: int = 30_000
     # Log compaction: how often compacted tables are checked for cleaning (log.cleaner.backoff.ms).
     log_cleaner_backoff_ms: int = 15_000
+    # Topic config defaults set at runtime through dynamic broker configs (log.cleaner.*).
+    topic_defaults: dict[str, str] = field(default_factory=dict)
     wire_cache_bytes: int = 64 * 1024 * 1024
     advertised_host: str | None = None
     # Group coordinator (Kafka's names: group.initial.rebalance.delay.ms, ...).
@@ -76,6 +78,9 @@ class TopicConfigDef:
     valid: tuple[str, ...] = ()
     # Fixed at creation: what the stored data means depends on it.
     immutable: bool = False
+    # A standard Kafka config Fluvial knows but does not act on: only its default is accepted
+    # (a setting that would be silently ignored is refused), and this says why.
+    default_only: str = ""
 
 
 # `fluvial.agg.<column>`: the aggregate function of a column (merge engine 'aggregation').
@@ -130,6 +135,35 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {c.name: c for c in [
                    "Accepted when the broker's flush policy meets it (ack: every batch is fsynced); refused otherwise."),
     TopicConfigDef("flush.ms", "9223372036854775807", "long",
                    "Accepted when the broker's flush policy meets it (ack, or interval at most this); refused otherwise."),
+    TopicConfigDef("compression.gzip.level", "-1", "int", "gzip level of re-compressed fetched batches.",
+                   default_only="fetched batches are compressed at the codec's default level"),
+    TopicConfigDef("compression.lz4.level", "9", "int", "lz4 level of re-compressed fetched batches.",
+                   default_only="fetched batches are compressed at the codec's default level"),
+    TopicConfigDef("compression.zstd.level", "3", "int", "zstd level of re-compressed fetched batches.",
+                   default_only="fetched batches are compressed at the codec's default level"),
+    TopicConfigDef("file.delete.delay.ms", "60000", "long", "Delay before deleted segment files are removed.",
+                   default_only="files leave at once (readers keep the segments they have mapped)"),
+    TopicConfigDef("message.timestamp.before.max.ms", "9223372036854775807", "long",
+                   "How far in the past a record's timestamp may be.",
+                   default_only="record timestamps are not bounded"),
+    TopicConfigDef("message.timestamp.after.max.ms", "9223372036854775807", "long",
+                   "How far in the future a record's timestamp may be.",
+                   default_only="record timestamps are not bounded"),
+    TopicConfigDef("preallocate", "false", "bool", "Preallocate segment files.",
+                   default_only="segment files grow as they are written"),
+    TopicConfigDef("segment.jitter.ms", "0", "long", "Random jitter subtracted from segment.ms.",
+                   default_only="segments roll at segment.ms exactly"),
+    TopicConfigDef("unclean.leader.election.enable", "false", "bool",
+                   "Single-node broker: each partition has one replica, so there is no other to elect."),
+    TopicConfigDef("leader.replication.throttled.replicas", "", "list",
+                   "Single-node broker: no replication to throttle."),
+    TopicConfigDef("follower.replication.throttled.replicas", "", "list",
+                   "Single-node broker: no replication to throttle."),
+    TopicConfigDef("remote.log.copy.disable", "false", "bool", "Stop copying segments to remote storage.",
+                   default_only="use remote.storage.enable"),
+    TopicConfigDef("remote.log.delete.on.disable", "false", "bool",
+                   "Delete remote segments when remote storage is disabled.",
+                   default_only="remote storage cannot be disabled on a topic once enabled"),
     TopicConfigDef("remote.storage.enable", "false", "bool",
                    "Upload closed segments to the object store; local copies go after local.retention.*."),
     TopicConfigDef("local.retention.ms", "-2", "long",
@@ -198,6 +232,9 @@ def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
                 parse_duration_ms(value)
             except ValueError as exc:
                 raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: {exc}") from None
+        if d.default_only and str(value) != d.default:
+            raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: only the default "
+                                     f"{d.default!r} is supported ({d.default_only})")
         if d.kind == "double":
             try:
                 number = float(value)

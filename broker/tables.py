@@ -215,7 +215,8 @@ class Table:
 
 
 def broker_topic_defaults(broker: BrokerConfig) -> dict[str, str]:
-    return {"remote.storage.enable": "true"} if broker.remote_storage_enable else {}
+    remote = {"remote.storage.enable": "true"} if broker.remote_storage_enable else {}
+    return {**broker.topic_defaults, **remote}
 
 
 def log_config_for(table_configs: dict[str, str], broker: BrokerConfig) -> LogConfig:

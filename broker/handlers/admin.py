@@ -7,7 +7,10 @@ import shutil
 
 from fluvial.broker import pk_tables
 from fluvial.broker.tables import check_bucket_growth
+from fluvial.broker.config import TOPIC_CONFIGS
+from fluvial.broker.config_resources import RESOURCE_BROKER, RESOURCE_GROUP, RESOURCE_TOPIC
 from fluvial.broker.handlers import RequestContext, handles
+from fluvial.broker.replica_assignment import check_create_partitions
 from fluvial.errors import FluvialError, InvalidConfigError, InvalidPartitionsError, OffsetOutOfRangeError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
@@ -18,8 +21,6 @@ IACR = response_class(ApiKey.INCREMENTAL_ALTER_CONFIGS)
 DRR = response_class(ApiKey.DELETE_RECORDS)
 DLR = response_class(ApiKey.DESCRIBE_LOG_DIRS)
 
-RESOURCE_TOPIC = 2
-RESOURCE_BROKER = 4
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 HIGH_WATERMARK = -1
 
@@ -34,14 +35,13 @@ async def create_partitions(ctx: RequestContext, request):
             reason = table.fixed_buckets_reason()
             if reason:
                 raise InvalidPartitionsError(f"Table {t.name} cannot change its bucket count: {reason}")
-            if t.assignments:
-                raise FluvialError("Manual replica assignment is not supported by a single-node broker",
-                                   code=ErrorCode.INVALID_REPLICA_ASSIGNMENT)
             check_bucket_growth(t.count)
             if t.count <= len(table.buckets):
                 raise InvalidPartitionsError(
                     f"Topic currently has {len(table.buckets)} partitions, which is higher than or equal to the "
                     f"requested {t.count}.")
+            if t.assignments:
+                check_create_partitions(t.assignments, len(table.buckets), t.count, ctx.broker.config.node_id)
             if not request.validate_only:
                 await ctx.broker.tables.add_buckets(t.name, t.count)
         except FluvialError as exc:
@@ -50,25 +50,71 @@ async def create_partitions(ctx: RequestContext, request):
     return ctx.response(throttle_time_ms=0, results=results)
 
 
-def _check_resource(resource_type: int, name: str) -> None:
-    if resource_type == RESOURCE_BROKER:
-        raise FluvialError("Broker configs are set on the command line and cannot be altered at runtime",
-                           code=ErrorCode.INVALID_REQUEST)
-    if resource_type != RESOURCE_TOPIC:
+def _apply_ops(current: dict[str, str], configs, list_value) -> dict[str, str]:
+    """IncrementalAlterConfigs operations applied to a resource's overrides."""
+    overrides = dict(current)
+    for c in configs:
+        if c.config_operation == OP_SET:
+            if c.value is None:
+                raise InvalidConfigError(f"Null value for config {c.name}")
+            overrides[c.name] = c.value
+        elif c.config_operation == OP_DELETE:
+            overrides.pop(c.name, None)
+        elif c.config_operation in (OP_APPEND, OP_SUBTRACT):
+            present = list_value(c.name, overrides)
+            if present is None:
+                raise InvalidConfigError(f"Config {c.name} is not a list: APPEND and SUBTRACT do not apply")
+            current_items = [v for v in present.split(",") if v]
+            items = [v for v in (c.value or "").split(",") if v]
+            if c.config_operation == OP_APPEND:
+                current_items += [v for v in items if v not in current_items]
+            else:
+                current_items = [v for v in current_items if v not in items]
+            overrides[c.name] = ",".join(current_items)
+        else:
+            raise InvalidConfigError(f"Unknown config operation {c.config_operation}")
+    return overrides
+
+
+async def _alter_resource(ctx: RequestContext, resource_type: int, name: str, overrides: dict[str, str],
+                          validate_only: bool) -> None:
+    """Replace the overrides of a topic, broker or group resource (checked also when only validating)."""
+    resources = ctx.broker.extensions["config_resources"]
+    loop = asyncio.get_running_loop()
+    if resource_type == RESOURCE_TOPIC:
+        await ctx.broker.tables.alter_configs(name, overrides, validate_only=validate_only)
+    elif resource_type == RESOURCE_BROKER:
+        resources.check_broker_name(name)
+        resources.validate_broker(overrides)
+        if not validate_only:
+            await loop.run_in_executor(ctx.broker.io_executor, resources.alter_broker, name, overrides)
+            resources.apply_broker()
+    elif resource_type == RESOURCE_GROUP:
+        resources.validate_group(name, overrides)
+        if not validate_only:
+            await loop.run_in_executor(ctx.broker.io_executor, resources.alter_group, name, overrides)
+    else:
         raise FluvialError(f"Unsupported resource type {resource_type}", code=ErrorCode.INVALID_REQUEST)
+
+
+def _current(ctx: RequestContext, resource_type: int, name: str) -> dict[str, str]:
+    if resource_type == RESOURCE_TOPIC:
+        return dict(ctx.broker.tables.get(name).configs)
+    if resource_type in (RESOURCE_BROKER, RESOURCE_GROUP):
+        return ctx.broker.extensions["config_resources"].stored(resource_type, name)
+    raise FluvialError(f"Unsupported resource type {resource_type}", code=ErrorCode.INVALID_REQUEST)
 
 
 @handles(ApiKey.ALTER_CONFIGS, 0, 2)
 async def alter_configs(ctx: RequestContext, request):
-    """AlterConfigs replaces a topic's whole set of overrides."""
+    """AlterConfigs replaces a resource's whole set of overrides."""
     out = []
     for res in request.resources:
         r = ACR.AlterConfigsResourceResponse(error_code=0, error_message=None, resource_type=res.resource_type,
                                              resource_name=res.resource_name)
         try:
-            _check_resource(res.resource_type, res.resource_name)
             overrides = {c.name: c.value for c in res.configs if c.value is not None}
-            await ctx.broker.tables.alter_configs(res.resource_name, overrides, validate_only=request.validate_only)
+            await _alter_resource(ctx, res.resource_type, res.resource_name, overrides, request.validate_only)
         except FluvialError as exc:
             r.error_code, r.error_message = exc.code, exc.message
         out.append(r)
@@ -82,27 +128,18 @@ async def incremental_alter_configs(ctx: RequestContext, request):
         r = IACR.AlterConfigsResourceResponse(error_code=0, error_message=None, resource_type=res.resource_type,
                                               resource_name=res.resource_name)
         try:
-            _check_resource(res.resource_type, res.resource_name)
-            table = ctx.broker.tables.get(res.resource_name)
-            overrides = dict(table.configs)
-            for c in res.configs:
-                if c.config_operation == OP_SET:
-                    if c.value is None:
-                        raise InvalidConfigError(f"Null value for config {c.name}")
-                    overrides[c.name] = c.value
-                elif c.config_operation == OP_DELETE:
-                    overrides.pop(c.name, None)
-                elif c.config_operation in (OP_APPEND, OP_SUBTRACT):
-                    current = [v for v in overrides.get(c.name, table.config(c.name)).split(",") if v]
-                    items = [v for v in (c.value or "").split(",") if v]
-                    if c.config_operation == OP_APPEND:
-                        current += [v for v in items if v not in current]
-                    else:
-                        current = [v for v in current if v not in items]
-                    overrides[c.name] = ",".join(current)
-                else:
-                    raise InvalidConfigError(f"Unknown config operation {c.config_operation}")
-            await ctx.broker.tables.alter_configs(res.resource_name, overrides, validate_only=request.validate_only)
+            current = _current(ctx, res.resource_type, res.resource_name)
+
+            def list_value(name: str, overrides: dict[str, str], rtype=res.resource_type, rname=res.resource_name):
+                if rtype != RESOURCE_TOPIC:
+                    return None
+                d = TOPIC_CONFIGS.get(name)
+                if d is None or d.kind != "list":
+                    return None
+                return overrides.get(name, ctx.broker.tables.get(rname).config(name))
+
+            overrides = _apply_ops(current, res.configs, list_value)
+            await _alter_resource(ctx, res.resource_type, res.resource_name, overrides, request.validate_only)
         except FluvialError as exc:
             r.error_code, r.error_message = exc.code, exc.message
         out.append(r)

@@ -1,6 +1,7 @@
 """DescribeCluster and DescribeTopicPartitions."""
 from __future__ import annotations
 
+from fluvial.broker.authorization import cluster_operations
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
@@ -23,7 +24,7 @@ async def describe_cluster(ctx: RequestContext, request):
                         cluster_id=ctx.broker.cluster_id, controller_id=cfg.node_id,
                         brokers=[CR.DescribeClusterBroker(broker_id=cfg.node_id, host=cfg.advertised,
                                                           port=ctx.broker.kafka_port, rack=None)],
-                        authorized_operations=None)
+                        authorized_operations=cluster_operations(request.include_cluster_authorized_operations))
 
 
 @handles(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, 0)

@@ -1,7 +1,12 @@
-"""DescribeConfigs: topic configs with their defaults and sources, and the broker's."""
+"""DescribeConfigs: topic configs with their defaults and sources, the broker's and groups'."""
 from __future__ import annotations
 
+import asyncio
+
+from fluvial.broker.broker import on_start
 from fluvial.broker.config import TOPIC_CONFIGS
+from fluvial.broker.config_resources import (BROKER_CONFIGS, GROUP_CONFIGS, RESOURCE_BROKER, RESOURCE_GROUP,
+                                             RESOURCE_TOPIC, ConfigResources)
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.errors import FluvialError
 from fluvial.protocol.errors import ErrorCode
@@ -12,11 +17,12 @@ Result = R.DescribeConfigsResult
 Entry = Result.DescribeConfigsResourceResult
 Synonym = Entry.DescribeConfigsSynonym
 
-RESOURCE_TOPIC = 2
-RESOURCE_BROKER = 4
 SOURCE_DYNAMIC_TOPIC = 1
+SOURCE_DYNAMIC_BROKER = 2
+SOURCE_DYNAMIC_DEFAULT_BROKER = 3
 SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
+SOURCE_GROUP = 8
 # DescribeConfigs v3+ config types.
 CONFIG_TYPE = {"bool": 1, "string": 2, "int": 3, "long": 5, "double": 6, "list": 7, "duration": 2}
 
@@ -45,21 +51,43 @@ def topic_config_entries(table, keys: list[str] | None, synonyms: bool, docs: bo
     return entries
 
 
-def broker_config_entries(ctx: RequestContext, keys: list[str] | None) -> list:
-    cfg = ctx.broker.config
-    values = {
-        "broker.id": str(cfg.node_id), "node.id": str(cfg.node_id),
-        "auto.create.topics.enable": str(cfg.auto_create_topics).lower(),
-        "num.partitions": str(cfg.default_partitions),
-        "socket.request.max.bytes": str(cfg.max_request_bytes),
-        "log.dirs": str(ctx.broker.data_dir / "log"),
-        "fluvial.flush.policy": cfg.flush_policy,
-        "remote.storage.enable": str(cfg.remote_storage_enable).lower(),
-        "fluvial.object.store": ctx.broker.object_store.url,
-    }
-    return [Entry(name=k, value=v, read_only=True, config_source=SOURCE_STATIC_BROKER, is_default=False,
-                  is_sensitive=False, synonyms=[], config_type=2, documentation=None)
-            for k, v in values.items() if keys is None or k in keys]
+def broker_config_entries(ctx: RequestContext, name: str, keys: list[str] | None, synonyms: bool,
+                          docs: bool) -> list:
+    """The broker's configs: dynamic overrides (this broker's, then cluster-wide) over the
+    command line; read-only ones flagged so."""
+    resources: ConfigResources = ctx.broker.extensions["config_resources"]
+    cluster, own = resources.broker_overrides()
+    entries = []
+    for d in BROKER_CONFIGS.values():
+        if keys is not None and d.name not in keys:
+            continue
+        static = d.read(ctx.broker) if not d.topic_default else TOPIC_CONFIGS[d.topic_default].default
+        if d.field and hasattr(resources, "_static"):
+            static = str(resources._static[d.field])
+        layers = [(v, src) for v, src in ((own.get(d.name), SOURCE_DYNAMIC_BROKER),
+                                          (cluster.get(d.name), SOURCE_DYNAMIC_DEFAULT_BROKER),
+                                          (static, SOURCE_STATIC_BROKER if not d.topic_default else SOURCE_DEFAULT))
+                  if v is not None]
+        if name == "":
+            layers = [layer for layer in layers if layer[1] != SOURCE_DYNAMIC_BROKER]
+        value, source = layers[0]
+        entries.append(Entry(name=d.name, value=value, read_only=not d.dynamic, config_source=source,
+                             is_default=source == SOURCE_DEFAULT, is_sensitive=False,
+                             synonyms=[Synonym(name=d.name, value=v, source=src) for v, src in layers] if synonyms else [],
+                             config_type=CONFIG_TYPE[d.kind], documentation=d.doc if docs else None))
+    return entries
+
+
+def group_config_entries(ctx: RequestContext, group_id: str, keys: list[str] | None, docs: bool) -> list:
+    resources: ConfigResources = ctx.broker.extensions["config_resources"]
+    if not group_id:
+        raise FluvialError("A group config resource needs a group id", code=ErrorCode.INVALID_GROUP_ID)
+    stored = resources.stored(RESOURCE_GROUP, group_id)
+    return [Entry(name=d.name, value=stored.get(d.name, str(d.default)), read_only=False,
+                  config_source=SOURCE_GROUP if d.name in stored else SOURCE_DEFAULT,
+                  is_default=d.name not in stored, is_sensitive=False, synonyms=[], config_type=CONFIG_TYPE["int"],
+                  documentation=d.doc if docs else None)
+            for d in GROUP_CONFIGS.values() if keys is None or d.name in keys]
 
 
 @handles(ApiKey.DESCRIBE_CONFIGS, 1, 4)
@@ -75,12 +103,25 @@ async def describe_configs(ctx: RequestContext, request):
                 r.configs = topic_config_entries(table, keys, request.include_synonyms,
                                                  ctx.version >= 3 and request.include_documentation)
             elif res.resource_type == RESOURCE_BROKER:
-                if res.resource_name not in ("", str(ctx.broker.config.node_id)):
-                    raise FluvialError(f"Unknown broker {res.resource_name}", code=ErrorCode.INVALID_REQUEST)
-                r.configs = broker_config_entries(ctx, keys)
+                ctx.broker.extensions["config_resources"].check_broker_name(res.resource_name)
+                r.configs = broker_config_entries(ctx, res.resource_name, keys, request.include_synonyms,
+                                                  ctx.version >= 3 and request.include_documentation)
+            elif res.resource_type == RESOURCE_GROUP:
+                r.configs = group_config_entries(ctx, res.resource_name, keys,
+                                                 ctx.version >= 3 and request.include_documentation)
             else:
                 raise FluvialError(f"Unsupported resource type {res.resource_type}", code=ErrorCode.INVALID_REQUEST)
         except FluvialError as exc:
             r.error_code, r.error_message = exc.code, exc.message
         results.append(r)
     return ctx.response(throttle_time_ms=0, results=results)
+
+
+@on_start
+async def load_config_resources(broker) -> None:
+    """Dynamic broker configs set earlier take effect again before any client is served."""
+    resources = ConfigResources(broker)
+    broker.extensions["config_resources"] = resources
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(broker.io_executor, resources.load)
+    resources.apply_broker()

@@ -7,6 +7,7 @@ JoinGroup or SyncGroup is pending.
 """
 from __future__ import annotations
 
+from fluvial.broker.authorization import group_operations
 from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.groups import GroupConfig, GroupCoordinator, GroupStorage
 from fluvial.broker.handlers import RequestContext, handles
@@ -22,10 +23,6 @@ DEL = response_class(ApiKey.DELETE_GROUPS)
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
-# kafka-python encodes this bitfield from a set of bits; None is Kafka's "not asked" (INT32_MIN).
-AUTHORIZED_OPERATIONS_OMITTED = None
-
-
 def group_config(broker) -> GroupConfig:
     """Group settings from the broker's command line (Kafka's names and defaults)."""
     cfg = broker.config
@@ -173,7 +170,7 @@ async def describe_groups(ctx: RequestContext, request):
                 member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
                 client_host=m.client_host, member_metadata=m.metadata, member_assignment=m.assignment)
                 for m in d.members],
-            authorized_operations=AUTHORIZED_OPERATIONS_OMITTED))
+            authorized_operations=group_operations(ctx.version >= 3 and request.include_authorized_operations)))
     return ctx.response(throttle_time_ms=0, groups=groups)
 
 

@@ -1,6 +1,7 @@
 """Metadata: brokers, cluster id and the topics with their partitions (auto-creates topics)."""
 from __future__ import annotations
 
+from fluvial.broker.authorization import cluster_operations, topic_operations
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.errors import FluvialError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
@@ -14,7 +15,7 @@ def broker_entries(ctx: RequestContext) -> list:
     return [R.MetadataResponseBroker(node_id=cfg.node_id, host=cfg.advertised, port=ctx.broker.kafka_port, rack=None)]
 
 
-def topic_entry(ctx: RequestContext, table) -> object:
+def topic_entry(ctx: RequestContext, table, operations: set[int] | None = None) -> object:
     node = ctx.broker.config.node_id
     # A bucket whose log went offline keeps its leader, so producers get KAFKA_STORAGE_ERROR
     # at once instead of waiting for a leader that will not come; it is listed as offline
@@ -24,7 +25,7 @@ def topic_entry(ctx: RequestContext, table) -> object:
         replica_nodes=[node], isr_nodes=[] if b.tablet.failure else [node],
         offline_replicas=[node] if b.tablet.failure else []) for b in table.buckets]
     return R.MetadataResponseTopic(error_code=0, name=table.name, topic_id=table.topic_id, is_internal=False,
-                                   partitions=parts, authorized_operations=None)
+                                   partitions=parts, authorized_operations=operations)
 
 
 def error_topic(name: str | None, code: ErrorCode, topic_id=None) -> object:
@@ -35,8 +36,9 @@ def error_topic(name: str | None, code: ErrorCode, topic_id=None) -> object:
 @handles(ApiKey.METADATA, 0, 12)
 async def metadata(ctx: RequestContext, request):
     tables = ctx.broker.tables
+    ops = topic_operations(ctx.version >= 8 and request.include_topic_authorized_operations)
     if request.topics is None or (ctx.version == 0 and not request.topics):
-        topics = [topic_entry(ctx, t) for t in tables.tables.values()]
+        topics = [topic_entry(ctx, t, ops) for t in tables.tables.values()]
     else:
         allow_create = ctx.broker.config.auto_create_topics and (ctx.version < 4 or request.allow_auto_topic_creation)
         topics = []
@@ -44,7 +46,7 @@ async def metadata(ctx: RequestContext, request):
             name = wanted.name
             if name is None:
                 try:
-                    topics.append(topic_entry(ctx, tables.get_by_id(wanted.topic_id)))
+                    topics.append(topic_entry(ctx, tables.get_by_id(wanted.topic_id), ops))
                 except UnknownTableError:
                     topics.append(error_topic(None, ErrorCode.UNKNOWN_TOPIC_ID, wanted.topic_id))
                 continue
@@ -58,6 +60,8 @@ async def metadata(ctx: RequestContext, request):
             if table is None:
                 topics.append(error_topic(name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
             else:
-                topics.append(topic_entry(ctx, table))
+                topics.append(topic_entry(ctx, table, ops))
     return ctx.response(throttle_time_ms=0, brokers=broker_entries(ctx), cluster_id=ctx.broker.cluster_id,
-                        controller_id=ctx.broker.config.node_id, topics=topics, authorized_operations=None)
+                        controller_id=ctx.broker.config.node_id, topics=topics,
+                        authorized_operations=cluster_operations(
+                            8 <= ctx.version <= 10 and request.include_cluster_authorized_operations))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fluvial.broker.config import TOPIC_CONFIGS
 from fluvial.broker.handlers import RequestContext, handles
+from fluvial.broker.replica_assignment import partitions_of_create
 from fluvial.errors import FluvialError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
@@ -27,13 +28,14 @@ async def create_topics(ctx: RequestContext, request):
                 raise FluvialError(f"Duplicate topic {topic.name} in request", code=ErrorCode.INVALID_REQUEST)
             seen.add(topic.name)
             if topic.assignments:
-                raise FluvialError("Manual replica assignment is not supported by a single-node broker",
-                                   code=ErrorCode.INVALID_REPLICA_ASSIGNMENT)
-            if topic.replication_factor not in (-1, 1):
-                raise FluvialError(
-                    f"Replication factor {topic.replication_factor} is larger than the 1 available broker",
-                    code=ErrorCode.INVALID_REPLICATION_FACTOR)
-            buckets = ctx.broker.config.default_partitions if topic.num_partitions == -1 else topic.num_partitions
+                buckets = partitions_of_create(topic.assignments, topic.num_partitions, topic.replication_factor,
+                                               ctx.broker.config.node_id)
+            else:
+                if topic.replication_factor not in (-1, 1):
+                    raise FluvialError(
+                        f"Replication factor {topic.replication_factor} is larger than the 1 available broker",
+                        code=ErrorCode.INVALID_REPLICATION_FACTOR)
+                buckets = ctx.broker.config.default_partitions if topic.num_partitions == -1 else topic.num_partitions
             configs = {c.name: c.value for c in topic.configs}
             table = await ctx.broker.tables.create(topic.name, buckets, configs, validate_only=request.validate_only)
             r.topic_id = table.topic_id

@@ -179,3 +179,160 @@ def test_json_table_created_through_kafka_configs(broker, topic_name):
     import fluvial.client as fc
     with fc.connect(broker.flight_url) as client:
         assert client.table(topic_name).schema.names[-3:] == ["id", "item", "qty"]
+
+
+# -- admin -------------------------------------------------------------------------------
+
+
+def test_manual_replica_assignments_naming_this_broker(broker, topic_name):
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewPartitions
+    from confluent_kafka.admin import NewTopic as CNewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([CNewTopic(topic_name, 2, replica_assignment=[[1], [1]])])[topic_name].result(15)
+    assert len(admin.list_topics(topic_name, timeout=10).topics[topic_name].partitions) == 2
+    admin.create_partitions([NewPartitions(topic_name, 3, replica_assignment=[[1]])])[topic_name].result(15)
+    assert len(admin.list_topics(topic_name, timeout=10).topics[topic_name].partitions) == 3
+    # Another broker, or a replica twice: refused as Kafka refuses them.
+    for bad in ([[2]], [[1, 1]]):
+        with pytest.raises(KafkaException) as info:
+            admin.create_partitions([NewPartitions(topic_name, 4, replica_assignment=bad)])[topic_name].result(15)
+        assert info.value.args[0].name() == "INVALID_REPLICA_ASSIGNMENT"
+    with pytest.raises(KafkaException) as info:
+        admin.create_topics([CNewTopic(topic_name + "-x", 2, replica_assignment=[[1], [7]])])[topic_name + "-x"].result(15)
+    assert info.value.args[0].name() == "INVALID_REPLICA_ASSIGNMENT"
+    # kafka-python spells it as a map of partition -> replicas.
+    KafkaAdminClient(bootstrap_servers=broker.bootstrap).create_topics(
+        [NewTopic(topic_name + "-k", num_partitions=-1, replication_factor=-1, replica_assignments={0: [1], 1: [1]})])
+    assert len(admin.list_topics(topic_name + "-k", timeout=10).topics[topic_name + "-k"].partitions) == 2
+
+
+def test_standard_topic_configs_are_known_and_unsupported_values_refused(broker, topic_name):
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, ConfigResource
+    from confluent_kafka.admin import NewTopic as CNewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([CNewTopic(topic_name, 1, config={
+        "delete.retention.ms": "1000", "min.cleanable.dirty.ratio": "0.2", "preallocate": "false",
+        "flush.messages": "1", "flush.ms": "100", "segment.index.bytes": "4096",
+        "unclean.leader.election.enable": "true"})])[topic_name].result(15)
+    described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic_name)])
+    configs = list(described.values())[0].result(15)
+    for name in ("delete.retention.ms", "min.compaction.lag.ms", "max.compaction.lag.ms", "segment.jitter.ms",
+                 "file.delete.delay.ms", "message.timestamp.after.max.ms", "compression.zstd.level"):
+        assert name in configs, name
+    assert configs["delete.retention.ms"].value == "1000"
+    for name, value in (("preallocate", "true"), ("segment.jitter.ms", "100"), ("min.cleanable.dirty.ratio", "2")):
+        with pytest.raises(KafkaException) as info:
+            admin.create_topics([CNewTopic(topic_name + "-bad", 1, config={name: value})])[topic_name + "-bad"].result(15)
+        assert info.value.args[0].name() == "INVALID_CONFIG", name
+
+
+def test_segment_index_bytes_rolls_segments(broker, topic_name):
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.admin import NewTopic as CNewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    # Two 16-byte index entries a segment; an entry every batch (index.interval.bytes=1).
+    admin.create_topics([CNewTopic(topic_name, 1, config={"segment.index.bytes": "32",
+                                                          "index.interval.bytes": "1"})])[topic_name].result(15)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+    for i in range(6):
+        p.produce(topic_name, value=b"v%d" % i, partition=0)
+        p.flush(10)
+    segments = sorted((broker.data_dir / "log" / f"{topic_name}-0").glob("*.arrows"))
+    assert [int(s.stem) for s in segments] == [0, 2, 4]
+
+
+def test_flush_configs_refused_when_the_flush_policy_does_not_meet_them(fresh_broker, topic_name):
+    b = fresh_broker("--flush-policy", "interval", "--flush-interval-ms", "1000")
+    admin = KafkaAdminClient(bootstrap_servers=b.bootstrap)
+    from kafka.errors import InvalidConfigurationError
+    with pytest.raises(InvalidConfigurationError):
+        admin.create_topics([NewTopic(topic_name, 1, 1, topic_configs={"flush.messages": "1"})])
+    with pytest.raises(InvalidConfigurationError):
+        admin.create_topics([NewTopic(topic_name, 1, 1, topic_configs={"flush.ms": "100"})])
+    admin.create_topics([NewTopic(topic_name, 1, 1, topic_configs={"flush.ms": "5000"})])
+
+
+def test_broker_configs_readable_and_dynamic_ones_changeable(fresh_broker):
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource
+
+    b = fresh_broker()
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    broker_res = ConfigResource(ConfigResource.Type.BROKER, "1")
+    configs = list(admin.describe_configs([broker_res]).values())[0].result(15)
+    assert configs["broker.id"].value == "1" and configs["broker.id"].is_read_only
+    assert configs["log.cleaner.backoff.ms"].value == "15000" and not configs["log.cleaner.backoff.ms"].is_read_only
+
+    change = ConfigResource(ConfigResource.Type.BROKER, "1", incremental_configs=[
+        ConfigEntry("log.cleaner.backoff.ms", "2500", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("log.cleaner.delete.retention.ms", "1234", incremental_operation=AlterConfigOpType.SET)])
+    list(admin.incremental_alter_configs([change]).values())[0].result(15)
+    read_only = ConfigResource(ConfigResource.Type.BROKER, "1", incremental_configs=[
+        ConfigEntry("num.partitions", "5", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(KafkaException) as info:
+        list(admin.incremental_alter_configs([read_only]).values())[0].result(15)
+    assert info.value.args[0].name() == "INVALID_REQUEST"
+
+    def check(a):
+        configs = list(a.describe_configs([broker_res]).values())[0].result(15)
+        assert configs["log.cleaner.backoff.ms"].value == "2500"
+        assert configs["log.cleaner.backoff.ms"].source == ConfigSource.DYNAMIC_BROKER_CONFIG.value
+        assert configs["num.partitions"].value == "1"
+    check(admin)
+    # A dynamic log.cleaner.* config is the default of the topic config it names.
+    topic = f"dyn-{time.monotonic_ns()}"
+    from confluent_kafka.admin import NewTopic as CNewTopic
+    admin.create_topics([CNewTopic(topic, 1)])[topic].result(15)
+    tconf = list(admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values())[0].result(15)
+    assert tconf["delete.retention.ms"].value == "1234"
+    # Kept across a restart.
+    b.stop()
+    b.start()
+    check(AdminClient({"bootstrap.servers": b.bootstrap}))
+
+
+def test_group_config_resources(broker, java_tools):
+    import subprocess
+
+    group = f"g-{time.monotonic_ns()}"
+    alter = java_tools.java_tool("kafka.admin.ConfigCommand", "--bootstrap-server", broker.bootstrap,
+                                 "--entity-type", "groups", "--entity-name", group, "--alter",
+                                 "--add-config", "consumer.session.timeout.ms=50000")
+    res = subprocess.run(alter, capture_output=True, timeout=120)
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    describe = java_tools.java_tool("kafka.admin.ConfigCommand", "--bootstrap-server", broker.bootstrap,
+                                    "--entity-type", "groups", "--entity-name", group, "--describe", "--all")
+    res = subprocess.run(describe, capture_output=True, timeout=120)
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    out = res.stdout.decode()
+    assert "consumer.session.timeout.ms=50000" in out and "consumer.heartbeat.interval.ms=5000" in out
+    bad = java_tools.java_tool("kafka.admin.ConfigCommand", "--bootstrap-server", broker.bootstrap,
+                               "--entity-type", "groups", "--entity-name", group, "--alter",
+                               "--add-config", "consumer.session.timeout.ms=5")
+    res = subprocess.run(bad, capture_output=True, timeout=120)
+    assert res.returncode != 0 and b"consumer.session.timeout.ms" in res.stderr + res.stdout
+
+
+def test_authorized_operations_when_asked(broker, topic_name):
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation, AdminClient
+    from confluent_kafka.admin import NewTopic as CNewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([CNewTopic(topic_name, 1)])[topic_name].result(15)
+    cluster = admin.describe_cluster(include_authorized_operations=True).result(15)
+    assert set(cluster.authorized_operations) == {
+        AclOperation.CREATE, AclOperation.CLUSTER_ACTION, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS,
+        AclOperation.IDEMPOTENT_WRITE, AclOperation.ALTER, AclOperation.DESCRIBE}
+    assert not admin.describe_cluster().result(15).authorized_operations
+    topics = admin.describe_topics(TopicCollection([topic_name]), include_authorized_operations=True)
+    desc = topics[topic_name].result(15)
+    assert set(desc.authorized_operations) == {
+        AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE, AclOperation.ALTER,
+        AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}
