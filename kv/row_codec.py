@@ -1,6 +1,7 @@
 """Rows of a primary-key table <-> RocksDB keys and values, whole batches at a time.
 
-A value is a 2-byte row schema number followed by the row's Avro body; the schema
+A value is a 2-byte row schema number followed by the row's Avro body (the top bit of the
+number is a flag a merge engine may set, `ROW_FLAG`: readers ignore it); the schema
 numbers are kept in the tablet, so rows written before a schema change are read back
 evolved to the current columns. A key is the Avro body of the primary-key columns with
 the bucket-key columns first: Avro fields are self-delimiting, so the keys of all rows
@@ -22,6 +23,7 @@ from fluvial.schema.evolution import evolve_array
 from fluvial.schema.registry import parse_schema
 
 DATA_PREFIX = b"d"
+ROW_FLAG = 0x80  # on a value's first byte: the merge engine keeps more state for the key (ignored by readers)
 _EMPTY = pa.scalar(b"", pa.binary())
 
 
@@ -119,7 +121,7 @@ class RowCodec:
         if n == 0:
             return pa.array([], self._row_field.type)
         start, _, data = binary_values(values)
-        numbers = (data[start].astype(np.int32) << 8) | data[start + 1]
+        numbers = ((data[start].astype(np.int32) & 0x7F) << 8) | data[start + 1]
         uniq = np.unique(numbers)
         if uniq.size == 1:
             return self._decode_group(int(uniq[0]), values)

@@ -23,7 +23,7 @@ from rocksdict import BlockBasedOptions, Cache, Checkpoint, Options, Rdict, Writ
 
 from fluvial.errors import InvalidRecordError
 from fluvial.kv.change_types import ChangeType
-from fluvial.kv.row_codec import DATA_PREFIX, KeyLayout, RowCodec, struct_of
+from fluvial.kv.row_codec import DATA_PREFIX, ROW_FLAG, KeyLayout, RowCodec, struct_of
 from fluvial.kv.change_types import FIRST_HIDDEN, is_retraction
 from fluvial.kv.rowmerger import Action, MergeEngine, MergeSpec, merger_for
 from fluvial.kv.rowmerger.aggregate import AggregateMerger
@@ -280,16 +280,38 @@ class KvTablet:
         unique_keys = encoded.dictionary.to_pylist()
         if self._aggregate is not None:
             return self._prepare_aggregate(new_rows, group, unique_keys, deletes, retract)
-        values: list = [None] * n
-        if rowful.size:
-            enc = self.codec.encode(new_rows.take(pa.array(rowful))).to_pylist()
-            for i, v in zip(rowful.tolist(), enc):
-                values[i] = v
+        if rowful.size == n:
+            values = self.codec.encode(new_rows).to_pylist()
+        else:
+            values = [None] * n
+            if rowful.size:
+                enc = self.codec.encode(new_rows.take(pa.array(rowful))).to_pylist()
+                for i, v in zip(rowful.tolist(), enc):
+                    values[i] = v
         from fluvial.kv.rowmerger.retract import state_key
-        old_states = self.db.get([state_key(k) for k in unique_keys])
+        # A key's visible row, which alone is its list unless it is flagged: then the list
+        # (kept for two rows or more, or with a TTL) is read as well.
+        old_rows = self.db.get(unique_keys)
+        g_count = len(unique_keys)
+        old_states: list = [None] * g_count
+        listed = [k for k in range(g_count) if old_rows[k] is not None and old_rows[k][0] & ROW_FLAG]
+        if listed:
+            for k, v in zip(listed, self.db.get([state_key(unique_keys[k]) for k in listed])):
+                if v is None:
+                    raise KvTabletError(f"KV tablet {self.path}: the live rows of a key are missing")
+                old_states[k] = v
+        old_idents = None
+        if not self._retract.whole_row:
+            lone = [k for k in range(g_count) if old_states[k] is None and old_rows[k] is not None]
+            old_idents = [None] * g_count
+            if lone:
+                decoded = self.codec.decode(pa.array([old_rows[k] for k in lone], pa.binary()))
+                for k, ident in zip(lone, self._retract.idents(decoded.cast(self._row_type), [None] * len(lone))):
+                    old_idents[k] = ident
         idents = self._retract.idents(new_rows, values)
         times = np.zeros(n, np.int64) if timestamps is None else np.asarray(timestamps, np.int64)
-        res = self._retract.merge(group, unique_keys, old_states, retract, deletes, idents, values, times)
+        res = self._retract.merge(group, unique_keys, old_states, old_rows, old_idents, retract, deletes, idents,
+                                  values, times)
         pool = new_rows
         if res.stored_rows:
             stored = self.codec.decode(pa.array(res.stored_rows, pa.binary())).cast(self._row_type)

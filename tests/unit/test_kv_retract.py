@@ -5,10 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fluvial.errors import InvalidConfigError, InvalidRecordError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, MergeSpec
 from fluvial.kv.change_types import FIRST_HIDDEN, parse_changes
+from tests.support.changelog_join import materialized
 
 # The seed's sink table t1: id BIGINT, level BIGINT, attr VARCHAR, PRIMARY KEY(id).
 T1 = pa.schema([pa.field("id", pa.int64(), False), pa.field("level", pa.int64()), pa.field("attr", pa.string())])
@@ -192,3 +195,27 @@ def test_retract_settings_are_checked():
         MergeSpec.of(T1, ["id"], "retract", None, state_ttl_ms="-5")
     with pytest.raises(InvalidConfigError, match="only used by merge engine 'retract'"):
         MergeSpec.of(T1, ["id"], "last_row", None, upsert_key=["level"])
+
+
+changes_st = st.lists(st.tuples(st.sampled_from(["+I", "-U", "+U", "-D"]), st.integers(1, 3), st.integers(0, 3),
+                                st.sampled_from(["a", "b"])), min_size=1, max_size=40)
+
+
+@pytest.mark.parametrize("upsert_key", [None, ("level",)])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=changes_st, cuts=st.lists(st.integers(0, 40), max_size=6))
+def test_any_batching_follows_the_list_model(tmp_path_factory, upsert_key, changes, cuts):
+    # Keys written once in a batch are merged column-wise, the others row by row: any split
+    # of the same changes into batches gives the model's rows and changelog.
+    t = open_tablet(tmp_path_factory.mktemp("kv") / "kv", upsert_key=list(upsert_key) if upsert_key else None)
+    w = Writer(t)
+    bounds = sorted({0, len(changes), *[c for c in cuts if c < len(changes)]})
+    emitted = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        emitted += w.write(changes[lo:hi])
+    index = None if upsert_key is None else [1]  # the model's row is (id, level, attr)
+    rows_model, emitted_model = materialized(changes, index)
+    assert emitted == emitted_model
+    assert rows(t) == sorted(rows_model.values())
+    assert t.retract_stats.keys == len(rows_model)
+    assert sum(t.retract_stats.histogram) == len(rows_model)
