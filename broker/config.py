@@ -177,6 +177,11 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {c.name: c for c in [
                    "Primary-key columns, comma-separated: the table keeps the latest row per key and a changelog.", immutable=True),
     TopicConfigDef("fluvial.bucket.key", "", "string",
                    "Bucket-key columns (a prefix of the primary key; default the whole key), for prefix lookups.", immutable=True),
+    TopicConfigDef("fluvial.bucket.function", "murmur2", "string",
+                   "Primary-key tables: how a key picks its bucket, matching the producers' default partitioner: "
+                   "murmur2 (Java clients; librdkafka murmur2_random) or crc32 (librdkafka's default "
+                   "consistent_random: confluent-kafka, kcat, Go/.NET/Node clients).",
+                   ("murmur2", "murmur2_random", "crc32", "consistent_random", "consistent"), immutable=True),
     TopicConfigDef("fluvial.key.format", "", "string", "Format of the Kafka key of a primary-key table "
                    "(default: the value format).", ("", "avro", "json"), immutable=True),
     TopicConfigDef("fluvial.merge.engine", "last_row", "string", "How a write merges with the current row of its key.",

@@ -32,7 +32,7 @@ from fluvial.broker.log import BatchMeta, FlushPolicy, StoredBatch
 from fluvial.broker.tables import Bucket, Table
 from fluvial.errors import InvalidConfigError, InvalidRecordError, InvalidRequestError, InvalidTableError, StorageError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec, SnapshotInfo, SnapshotStore
-from fluvial.kv.bucketing import buckets_of
+from fluvial.kv.bucketing import BucketFunction, buckets_of
 from fluvial.kv.change_types import FIRST_HIDDEN, WRITABLE_LABELS, parse_changes
 from fluvial.kv.rowmerger.aggregate import AGG_PREFIX, aggregates_from_configs
 from fluvial.kv.rowmerger.retract import RetractStats
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 PRIMARY_KEY = "fluvial.primary.key"
 BUCKET_KEY = "fluvial.bucket.key"
+BUCKET_FUNCTION = "fluvial.bucket.function"
 KEY_FORMAT = "fluvial.key.format"
 MERGE_ENGINE = "fluvial.merge.engine"
 VERSION_COLUMN = "fluvial.version.column"
@@ -63,7 +64,7 @@ REMOTE_SNAPSHOT_RETAIN = int(os.environ.get("FLUVIAL_KV_REMOTE_SNAPSHOT_RETAIN",
 INLINE_ROWS = 256
 _REPLAY_CHUNK_BYTES = 16 << 20
 _LABELS = [c.label.encode() for c in ChangeType]
-_KEY_SETTINGS = (PRIMARY_KEY, BUCKET_KEY, KEY_FORMAT, MERGE_ENGINE, VERSION_COLUMN, UPSERT_KEY, RETRACT_STATE_TTL)
+_KEY_SETTINGS = (PRIMARY_KEY, BUCKET_KEY, BUCKET_FUNCTION, KEY_FORMAT, MERGE_ENGINE, VERSION_COLUMN, UPSERT_KEY, RETRACT_STATE_TTL)
 
 
 def _columns(text: str | None) -> list[str]:
@@ -180,7 +181,11 @@ class PkTable:
         else:
             keys = self.bucket_key_format.encode(
                 _select(rows, in_schema_order(self.schema, self.layout.bucket_key), self.schema))
-        return buckets_of(keys, len(self.table.buckets))
+        return buckets_of(keys, len(self.table.buckets), self.bucket_function)
+
+    @property
+    def bucket_function(self) -> str:
+        return BucketFunction.normalize(self.table.configs.get(BUCKET_FUNCTION))
 
 
 def in_schema_order(schema: pa.Schema, columns: list[str]) -> list[str]:
@@ -814,11 +819,14 @@ def _check_bucket(pk: PkTable, rows: pa.RecordBatch, index: int) -> None:
     wrong = np.flatnonzero(expected != index)
     if wrong.size:
         i = int(wrong[0])
-        msg = (f"the key of record {i} belongs to partition {int(expected[i])}, not {index} "
-               f"(murmur2 of the key bytes mod {len(pk.table.buckets)}, the Java client's default partitioner; "
-               "librdkafka clients set partitioner=murmur2_random)")
-        raise InvalidRecordError(msg, record_errors=[(int(j), f"key belongs to partition {int(expected[j])}")
-                                                     for j in wrong[:100]])
+        fn = pk.bucket_function
+        other = "consistent_random" if fn == BucketFunction.CRC32 else "murmur2_random"
+        msg = (f"the key of record {i} belongs to partition {int(expected[i])}, not {index}: table "
+               f"{pk.table.name} places keys by {BucketFunction.describe(fn)}, mod {len(pk.table.buckets)} "
+               f"({BUCKET_FUNCTION}={fn}; librdkafka-based producers set partitioner={other})")
+        raise InvalidRecordError(msg, record_errors=[
+            (int(j), f"the key belongs to partition {int(expected[j])} ({BUCKET_FUNCTION}={fn}), not {index}")
+            for j in wrong[:100]])
 
 
 def _stored_changelog(pk: PkTable, changelog: pa.RecordBatch, timestamps: np.ndarray | None,

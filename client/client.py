@@ -143,7 +143,8 @@ class Client:
                      primary_key: Sequence[str] | None = None, bucket_key: Sequence[str] | None = None,
                      merge_engine: str | None = None, version_column: str | None = None,
                      upsert_key: Sequence[str] | None = None, retract_state_ttl_ms: int | None = None,
-                     aggregates: dict[str, str] | None = None, lake: bool = False) -> "Table":
+                     aggregates: dict[str, str] | None = None, lake: bool = False,
+                     bucket_function: str | None = None) -> "Table":
         """Create a log table. With `schema` (the user columns) its rows are typed; Kafka
         clients see each row as a compact JSON object (`kafka_format="json"`, the default)
         or as Avro (`"avro"`, schema derived from the Arrow one and registered under
@@ -153,7 +154,10 @@ class Client:
         materializes a changelog that arrives reordered (`upsert_key`: the columns that
         identify a row among a key's live rows, default all; `retract_state_ttl_ms` bounds
         how long hidden rows are kept); `"aggregation"` folds rows with `aggregates`, a
-        function per column (`{"total": "sum", "n": "count"}`).
+        function per column (`{"total": "sum", "n": "count"}`). `bucket_function` says how
+        a key picks its bucket: `"murmur2"` (default; Java Kafka producers) or `"crc32"`
+        (librdkafka's default partitioner, so confluent-kafka producers with default settings
+        write to the right partitions).
 
         `lake=True` materializes the table into a lake table (Apache Iceberg) kept up to date
         by tiering (`fluvial.lake.enable`; `fluvial.lake.freshness` sets the target lag).
@@ -162,7 +166,8 @@ class Client:
         ...                              buckets=3)
         """
         configs = {**(configs or {}), **pk.table_configs(primary_key, bucket_key, merge_engine, version_column,
-                                                          upsert_key, retract_state_ttl_ms, aggregates)}
+                                                          upsert_key, retract_state_ttl_ms, aggregates,
+                                                          bucket_function)}
         if lake:
             configs["fluvial.lake.enable"] = "true"
         body = {"table": name, "schema": schema_to_b64(schema) if schema is not None else None,

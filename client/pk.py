@@ -20,7 +20,7 @@ REMOTE_SNAPSHOT = "kv-remote-snapshot"
 
 
 def table_configs(primary_key=None, bucket_key=None, merge_engine=None, version_column=None, upsert_key=None,
-                  retract_state_ttl_ms=None, aggregates=None) -> dict[str, str]:
+                  retract_state_ttl_ms=None, aggregates=None, bucket_function=None) -> dict[str, str]:
     """The table configs of a primary-key table's options (empty for a log table)."""
     out = {}
     if upsert_key:
@@ -33,6 +33,8 @@ def table_configs(primary_key=None, bucket_key=None, merge_engine=None, version_
         out["fluvial.primary.key"] = ",".join(primary_key)
     if bucket_key:
         out["fluvial.bucket.key"] = ",".join(bucket_key)
+    if bucket_function:
+        out["fluvial.bucket.function"] = bucket_function
     if merge_engine:
         out["fluvial.merge.engine"] = merge_engine
     if version_column:

@@ -1,4 +1,8 @@
-"""Bucket of a key: Kafka's default partitioner (murmur2 of the key bytes, made positive, mod buckets)."""
+"""Bucket of a key, as Kafka producers partition keys: the Java client's default partitioner
+(murmur2 of the key bytes, made positive, mod buckets) or librdkafka's (`consistent_random`:
+CRC-32 of the key bytes mod buckets). A primary-key table picks one at creation
+(`fluvial.bucket.function`), so that its producers' default settings put each key where the
+table expects it."""
 from __future__ import annotations
 
 import numpy as np
@@ -55,11 +59,67 @@ def murmur2_array(keys: pa.Array) -> np.ndarray:
     return h
 
 
-def buckets_of(keys: pa.Array, buckets: int) -> np.ndarray:
-    """The bucket of each key: `toPositive(murmur2(key)) % buckets`, as the Java producer picks."""
+def _crc32_table() -> np.ndarray:
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> np.uint32(1)) ^ np.uint32(0xEDB88320), table >> np.uint32(1))
+    return table.astype(np.uint32)
+
+
+_CRC32 = _crc32_table()
+
+
+def crc32_array(keys: pa.Array) -> np.ndarray:
+    """CRC-32 (IEEE, as zlib and librdkafka compute it) of every value of a binary array
+    (uint32), all keys advanced together one byte at a time."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if not pa.types.is_binary(keys.type):
+        keys = keys.cast(pa.binary())
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, np.uint32)
+    _, obuf, dbuf = keys.buffers()
+    offsets = np.frombuffer(obuf, np.int32, n + 1, keys.offset * 4).astype(np.int64)
+    start = offsets[:-1]
+    length = offsets[1:] - start
+    data = np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
+    crc = np.full(n, 0xFFFFFFFF, np.uint32)
+    for p in range(int(length.max())):
+        rows = np.flatnonzero(length > p)
+        c = crc[rows]
+        crc[rows] = _CRC32[(c ^ data[start[rows] + p]) & np.uint32(0xFF)] ^ (c >> np.uint32(8))
+    return crc ^ np.uint32(0xFFFFFFFF)
+
+
+class BucketFunction:
+    """How keys map to buckets: `murmur2` (Java client default) or `crc32` (librdkafka default)."""
+
+    MURMUR2 = "murmur2"
+    CRC32 = "crc32"
+    # Accepted spellings: the partitioner names of the clients that use each function.
+    ALIASES = {"murmur2": MURMUR2, "murmur2_random": MURMUR2, "crc32": CRC32, "consistent_random": CRC32,
+               "consistent": CRC32}
+
+    @classmethod
+    def normalize(cls, name: str | None) -> str:
+        return cls.ALIASES[(name or cls.MURMUR2).strip().lower()]
+
+    @classmethod
+    def describe(cls, name: str) -> str:
+        if cls.normalize(name) == cls.CRC32:
+            return "CRC-32 of the key bytes, librdkafka's default partitioner consistent_random"
+        return "murmur2 of the key bytes, the Java client's default partitioner (librdkafka: murmur2_random)"
+
+
+def buckets_of(keys: pa.Array, buckets: int, function: str = BucketFunction.MURMUR2) -> np.ndarray:
+    """The bucket of each key: `toPositive(murmur2(key)) % buckets`, as the Java producer picks,
+    or with `crc32`, `crc32(key) % buckets`, as librdkafka's consistent_random picks."""
+    if BucketFunction.normalize(function) == BucketFunction.CRC32:
+        return (crc32_array(keys) % np.uint32(buckets)).astype(np.int32)
     h = murmur2_array(keys) & np.uint32(0x7FFFFFFF)
     return (h % np.uint32(buckets)).astype(np.int32)
 
 
-def bucket_of(key: bytes, buckets: int) -> int:
-    return int(buckets_of(pa.array([key], pa.binary()), buckets)[0])
+def bucket_of(key: bytes, buckets: int, function: str = BucketFunction.MURMUR2) -> int:
+    return int(buckets_of(pa.array([key], pa.binary()), buckets, function)[0])

@@ -80,6 +80,7 @@ class Options:
     upsert_key: tuple[str, ...] | None = None  # createTable, engine 'retract'
     retract_state_ttl_ms: int | None = None  # createTable, engine 'retract'
     aggregates: tuple[tuple[str, str], ...] = ()  # createTable, engine 'aggregation': `agg.<column>` = function
+    bucket_function: str | None = None  # createTable, primary key: murmur2 (default) or crc32
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], streaming: bool = False) -> "Options":
@@ -122,6 +123,7 @@ class Options:
             retract_state_ttl_ms=_positive(opts, "retractstatettlms", None),
             aggregates=tuple(sorted((k[len("agg."):], v) for k, v in dict(raw).items()
                                     if k.lower().startswith("agg.") and v)),
+            bucket_function=opts.get("bucketfunction") or None,
         )
 
 
@@ -677,7 +679,8 @@ class FluvialDataSource(DataSource):
                                         buckets=opts.buckets, kafka_format=opts.kafka_format,
                                         primary_key=opts.primary_key, merge_engine=opts.merge_engine,
                                         upsert_key=opts.upsert_key, retract_state_ttl_ms=opts.retract_state_ttl_ms,
-                                        aggregates=dict(opts.aggregates) or None)
+                                        aggregates=dict(opts.aggregates) or None,
+                                        bucket_function=opts.bucket_function)
                     return opts
         except fc.FluvialError as exc:
             raise _translate(exc, opts) from None

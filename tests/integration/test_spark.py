@@ -264,6 +264,29 @@ def test_writes_into_a_primary_key_table_upsert_by_key(spark, broker, topic_name
                     "owner": ["owner 0", "owner 1", "owner 998", "owner 999"]}
 
 
+def test_spark_creates_a_crc32_primary_key_table_that_librdkafka_producers_fit(spark, broker, topic_name):
+    import zlib
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    df = spark.range(200).selectExpr("id", "id * 10 AS balance")
+    (df.write.format("fluvial").option("url", broker.flight_url).option("table", topic_name)
+     .option("createTable", "true").option("primaryKey", "id").option("buckets", "3")
+     .option("bucketFunction", "crc32").mode("append").save())
+    table = fc.connect(broker.flight_url).table(topic_name)
+    assert table.info.configs["fluvial.bucket.function"] == "crc32"
+    assert table.lookup(pa.table({"id": [0, 199]})).sort_by("id").to_pydict() == {"id": [0, 199], "balance": [0, 1990]}
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"g-{topic_name}", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic_name, p, 0) for p in range(3)])
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < 200 and time.monotonic() < deadline:
+        got += [m for m in c.consume(200, timeout=0.5) if m.error() is None]
+    c.close()
+    assert len(got) == 200
+    assert all(m.partition() == zlib.crc32(m.key()) % 3 for m in got)
+
+
 def test_a_changelog_shuffled_by_another_column_materializes_right_in_a_retract_table(spark, broker, topic_name):
     # The seed's join output, shuffled by `level` into 4 tasks that write at the same time:
     # each task keeps its rows' order, the table sees them interleaved.
