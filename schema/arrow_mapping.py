@@ -86,6 +86,9 @@ def _arrow_type(node: AvroNode, meta: dict[bytes, bytes], name: str) -> pa.DataT
     if lg == "uuid":
         meta[META_UUID] = b"uuid"
         return pa.string()
+    kept = _avro_kept_type(node)
+    if kept is not None:
+        return kept
     simple = {"null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(),
               "float": pa.float32(), "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}
     if k in simple:
@@ -110,6 +113,26 @@ def _arrow_type(node: AvroNode, meta: dict[bytes, bytes], name: str) -> pa.DataT
     if k == "recursive":
         raise UnsupportedSchemaError(f"field {name!r}: recursive type {node.name!r} has no column type")
     raise UnsupportedSchemaError(f"field {name!r}: Avro type {k!r} has no column type")
+
+
+# The Arrow types an Avro primitive may be recorded as (`"arrow.type"`), by Avro type: what
+# the Avro codec decodes into exactly (values outside the narrower range are refused).
+AVRO_ARROW_TYPE = "arrow.type"
+_AVRO_KEEPS = {
+    "int": (pa.int8(), pa.int16(), pa.uint8(), pa.uint16()),
+    "long": (pa.uint32(),),
+    "string": (pa.large_string(),),
+}
+
+
+def _avro_kept_type(node: AvroNode) -> pa.DataType | None:
+    if node.arrow_type is None or node.logical:
+        return None
+    try:
+        t = pa.type_for_alias(node.arrow_type)
+    except (ValueError, KeyError):
+        return None
+    return t if t in _AVRO_KEEPS.get(node.kind, ()) else None
 
 
 # ---------------------------------------------------------------- Arrow -> Avro
@@ -154,9 +177,13 @@ def _avro_type_json(t: pa.DataType, meta: dict, name: str, names: set[str]) -> A
     if pa.types.is_boolean(t):
         return "boolean"
     if pa.types.is_integer(t):
-        return "long" if t.bit_width == 64 or t == pa.uint32() else "int"
+        base = "long" if t.bit_width == 64 or t == pa.uint32() else "int"
+        # Avro has only int and long: the Arrow type is kept in an attribute readers ignore.
+        return {"type": base, AVRO_ARROW_TYPE: str(t)} if t in _AVRO_KEEPS[base] else base
     if pa.types.is_floating(t):
         return "double" if t.bit_width == 64 else "float"
+    if pa.types.is_large_string(t) and META_ENUM not in meta and meta.get(META_UUID) != b"uuid":
+        return {"type": "string", AVRO_ARROW_TYPE: "large_string"}
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         if META_ENUM in meta:
             e = json.loads(meta[META_ENUM])

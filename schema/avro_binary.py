@@ -212,10 +212,14 @@ def _decode(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
         return pa.array(b == 1, pa.bool_())
     if k == "int":
         v = cur.read_int(path)
+        if node.arrow_type is not None and not lg:
+            return _narrowed(cur, v, avro_type_to_arrow(node), path)
         typ = {"date": pa.date32(), "time-millis": pa.time32("ms")}.get(lg, pa.int32())
         return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(v)])
     if k == "long":
         v = cur.read_long(path)
+        if node.arrow_type is not None and not lg:
+            return _narrowed(cur, v, avro_type_to_arrow(node), path)
         typ = avro_type_to_arrow(node) if lg else pa.int64()
         return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(v)])
     if k in ("float", "double"):
@@ -225,7 +229,11 @@ def _decode(node: AvroNode, cur: _Cursor, path: str) -> pa.Array:
         return pa.Array.from_buffers(pa.float32() if size == 4 else pa.float64(), n, [None, pa.py_buffer(raw)])
     if k in ("bytes", "string"):
         blobs = cur.read_blobs(path, k)
-        return blobs if k == "bytes" else _as_text(cur, blobs, path)
+        if k == "bytes":
+            return blobs
+        text = _as_text(cur, blobs, path)
+        return text.cast(pa.large_string()) if node.arrow_type is not None and \
+            avro_type_to_arrow(node) == pa.large_string() else text
     if k == "fixed":
         start = cur.take(node.size, path, f"fixed({node.size})")
         raw = np.ascontiguousarray(cur.gather(start, node.size))
@@ -603,6 +611,18 @@ def _encode_parts(node: AvroNode, arr: pa.Array) -> list[pa.Array | _Cells]:
     if k in ("array", "map"):
         return _encode_repeated(node, arr)
     return _unsupported(node)
+
+
+def _narrowed(cur, v: np.ndarray, typ: pa.DataType, path: str) -> pa.Array:
+    """Integers of a column narrower than Avro's int/long (recorded as `arrow.type`): records
+    holding a value the column cannot hold are refused."""
+    if not pa.types.is_integer(typ):
+        return pa.array(v, pa.int64()).cast(typ)
+    info = np.iinfo(typ.to_pandas_dtype())
+    bad = (v < info.min) | (v > info.max)
+    cur.fail(bad, f"field {path!r}: value out of the range of {typ} [{info.min}, {info.max}]")
+    v = np.where(bad, 0, v)
+    return pa.array(v.astype(typ.to_pandas_dtype()), typ)
 
 
 def _unsupported(node: AvroNode) -> pa.Array:

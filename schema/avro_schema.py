@@ -52,6 +52,9 @@ class AvroNode:
     precision: int = 0
     scale: int = 0
     branches: list["AvroNode"] = field(default_factory=list)
+    # The Arrow type a primitive was derived from when Avro has no such type (`"arrow.type"`
+    # attribute: int8/int16/uint8/uint16 as "int", uint32 as "long", large_string as "string").
+    arrow_type: str | None = None
 
     @property
     def null_branch(self) -> int:
@@ -98,6 +101,9 @@ def parse_avro(text: str | dict | list) -> AvroSchema:
     return AvroSchema(text=text_out, canonical=canonical, root=root, parsed=parsed)
 
 
+ARROW_TYPE = "arrow.type"  # an attribute Avro readers ignore
+
+
 def _build(s: Any, named: dict[str, AvroNode], stack: tuple[str, ...]) -> AvroNode:
     if isinstance(s, str):
         if s in PRIMITIVES:
@@ -116,6 +122,8 @@ def _build(s: Any, named: dict[str, AvroNode], stack: tuple[str, ...]) -> AvroNo
     logical = s.get("logicalType")
     if t in PRIMITIVES:
         node = AvroNode(kind=t)
+        if isinstance(s.get(ARROW_TYPE), str):
+            node.arrow_type = s[ARROW_TYPE]
     elif t in ("record", "error"):
         node = AvroNode(kind="record", name=s["name"], aliases=tuple(s.get("aliases", ())))
         named[node.name] = node

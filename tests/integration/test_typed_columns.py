@@ -69,6 +69,45 @@ def test_cli_create_keeps_int_and_describe_shows_what_is_stored(broker, topic_na
             assert stored["at"] == pa.timestamp("ms", tz="UTC") and "stored as" not in made.stderr
 
 
+def test_avro_tables_keep_narrow_and_unsigned_types(broker, topic_name):
+    """Avro has int and long only: the registered schema records the Arrow type
+    ("arrow.type"), Kafka producers and consumers use it as plain int/long."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    schema = pa.schema([f for f in NARROW if f.name != "u64"])  # Avro long holds no uint64 beyond 2**63
+    with fc.connect(broker.flight_url) as client:
+        t = client.create_table(topic_name, schema, kafka_format="avro")
+        assert plain(t.schema).equals(schema)
+        row = {"id": 1, "i8": -128, "i16": 32767, "i32": -2**31, "u8": 255, "u32": 2**32 - 1,
+               "f32": 1.5, "text": "a", "tags": [1, -2], "point": {"x": 3, "y": 0.25}}
+        t.append(pa.Table.from_pylist([row], schema=schema))
+        registry = SchemaRegistryClient({"url": broker.http_url})
+        text = registry.get_latest_version(f"{topic_name}-value").schema.schema_str
+        ser = AvroSerializer(registry, text, conf={"auto.register.schemas": False, "use.latest.version": True})
+        ctx = SerializationContext(topic_name, MessageField.VALUE)
+        errors: list = []
+        p = Producer({"bootstrap.servers": broker.bootstrap})
+        for v in ({**row, "id": 2}, {**row, "id": 3, "i8": 200}, {**row, "id": 4, "u32": -1}):
+            p.produce(topic_name, value=ser(v, ctx), on_delivery=lambda e, m: errors.append(e))
+            p.flush(30)  # one batch each: a refused record fails its whole batch
+        assert errors[0] is None and all(e is not None and e.name() == "INVALID_RECORD" for e in errors[1:]), errors
+        got = t.scan().to_arrow()
+        assert got.schema.equals(schema) and got.column("id").to_pylist() == [1, 2]
+        # Kafka consumers read the rows with the registered schema
+        de = AvroDeserializer(registry)
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": topic_name, "enable.auto.commit": False})
+        c.assign([TopicPartition(topic_name, 0, 0)])
+        msgs = []
+        while len(msgs) < 2:
+            msgs += [m for m in c.consume(10, timeout=5) if m.error() is None]
+        c.close()
+        values = [de(m.value(), ctx) for m in msgs]
+        assert [v["i8"] for v in values] == [-128, -128] and values[0]["u32"] == 2**32 - 1
+
+
 @pytest.mark.parametrize("fmt", ["json", "avro"])
 def test_declared_int32_survives_in_both_formats(broker, topic_name, fmt):
     schema = pa.schema([pa.field("id", pa.int64(), False), ("score", pa.int32()), ("ratio", pa.float32())])
