@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fluvial.broker.log import BatchMeta, StoredBatch
 from fluvial.errors import InvalidRecordError
@@ -19,6 +20,8 @@ from fluvial.protocol.records import BatchHeader, Compression, RecordColumns, bu
 TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
 HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())]))
 CHANGE_APPEND = 0
+# `_change` of a tombstone (a null value) in a compacted typed log table: its user columns are null.
+CHANGE_DELETE = 4
 
 # Attribute bits kept in BatchMeta (the codec bits stay too: they name the producer's codec).
 ATTR_CODEC_MASK = 0x07
@@ -80,8 +83,11 @@ def _int_array(arrow_type: pa.DataType, values: np.ndarray) -> pa.Array:
 
 
 def to_arrow(batch: memoryview, header: BatchHeader, *, log_append_time_ms: int | None = None,
-             value_format=RAW) -> tuple[pa.RecordBatch, BatchMeta]:
-    """Decode one verified v2 batch into the stored Arrow batch and its meta."""
+             value_format=RAW, tombstones: bool = False) -> tuple[pa.RecordBatch, BatchMeta]:
+    """Decode one verified v2 batch into the stored Arrow batch and its meta.
+
+    ``tombstones`` (compacted tables): a typed table takes null values too, stored as rows
+    with null user columns and `_change` = CHANGE_DELETE (a raw table stores a null value as is)."""
     cols = decode_records(batch, header)
     n = len(cols.offset_delta)
     if n != header.records_count:
@@ -100,8 +106,12 @@ def to_arrow(batch: memoryview, header: BatchHeader, *, log_append_time_ms: int 
         ts = np.add(cols.timestamp_delta, header.base_timestamp, dtype=np.int64)
         base_ts = header.base_timestamp
         max_ts = header.max_timestamp
-    user_columns, schema_id = value_format.to_columns(cols.values)
-    arrays = [_int_array(TIMESTAMP_TYPE, ts), _int_array(pa.int8(), np.zeros(n, dtype=np.int8)),
+    change = np.zeros(n, dtype=np.int8)
+    if tombstones and value_format is not RAW and cols.values.null_count:
+        user_columns, schema_id, change = _typed_with_tombstones(cols.values, value_format)
+    else:
+        user_columns, schema_id = value_format.to_columns(cols.values)
+    arrays = [_int_array(TIMESTAMP_TYPE, ts), _int_array(pa.int8(), change),
               cols.keys, cols.headers, *user_columns]
     records = pa.RecordBatch.from_arrays(arrays, schema=stored_schema(value_format))
     meta = BatchMeta(base_offset=-1, last_offset_delta=n - 1, record_count=n, base_timestamp=base_ts,
@@ -109,6 +119,35 @@ def to_arrow(batch: memoryview, header: BatchHeader, *, log_append_time_ms: int 
                      base_sequence=header.base_sequence, attributes=attributes,
                      partition_leader_epoch=header.partition_leader_epoch, schema_id=schema_id)
     return records, meta
+
+
+def _typed_with_tombstones(values: pa.Array, value_format) -> tuple[list[pa.Array], int, np.ndarray]:
+    """Typed columns of the non-null values, with all-null rows (and CHANGE_DELETE) for the null ones."""
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    live = np.flatnonzero(valid)
+    position = np.full(len(values), -1, np.int64)
+    position[live] = np.arange(len(live))
+    take = pa.array(position, mask=~valid)
+    change = np.where(valid, CHANGE_APPEND, CHANGE_DELETE).astype(np.int8)
+    if not len(live):
+        columns = [pa.array(np.zeros(len(values), np.int32))] + [
+            pa.nulls(len(values), f.type) for f in value_format.user_fields[1:]]
+        return columns, -1, change
+    decoded, schema_id = value_format.to_columns(values.filter(pa.array(valid)))
+    ids = pc.fill_null(decoded[0].take(take), 0)  # the writer schema id column is never null
+    return [ids] + [c.take(take) for c in decoded[1:]], schema_id, change
+
+
+def _values_with_tombstones(batch: pa.RecordBatch, value_format, schema_id: int) -> pa.Array:
+    """A typed batch's values, null where a row is a tombstone (CHANGE_DELETE)."""
+    deleted = batch.column("_change").to_numpy(zero_copy_only=False) == CHANGE_DELETE
+    if not deleted.any():
+        return value_format.to_values(batch, schema_id)
+    live = np.flatnonzero(~deleted)
+    encoded = value_format.to_values(batch.take(pa.array(live)), schema_id) if len(live) else pa.array([], pa.binary())
+    position = np.full(batch.num_rows, -1, np.int64)
+    position[live] = np.arange(len(live))
+    return encoded.take(pa.array(position, mask=deleted))
 
 
 def format_of(stored: StoredBatch, table_format):
@@ -135,7 +174,8 @@ def to_wire(stored: StoredBatch, *, compression_type: str = "producer", leader_e
         timestamp_delta=(ts - meta.base_timestamp).astype(np.int64),
         offset_delta=(offsets - meta.base_offset).astype(np.int32),
         keys=batch.column("_key"),
-        values=value_format.to_values(batch, meta.schema_id),
+        values=value_format.to_values(batch, meta.schema_id) if value_format is RAW
+        else _values_with_tombstones(batch, value_format, meta.schema_id),
         headers=batch.column("_headers"),
     )
     return build_batch(base_offset=meta.base_offset, partition_leader_epoch=leader_epoch,

@@ -78,7 +78,8 @@ def _convert(part: _Part, log_append_time: int | None) -> None:
             return
         part.converted = kafka_batches.to_arrow(memoryview(part.wire), part.header,
                                                 log_append_time_ms=log_append_time,
-                                                value_format=part.bucket.table.value_format)
+                                                value_format=part.bucket.table.value_format,
+                                                tombstones=part.bucket.table.compacted)
     except FluvialError as exc:
         part.converted = exc
 

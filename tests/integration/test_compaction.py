@@ -190,3 +190,39 @@ def _ignore_errors(fn, *args) -> None:
         fn(*args)
     except Exception:  # noqa: BLE001 - the broker is killed under it
         pass
+
+
+def test_typed_json_table_compaction_with_tombstones(broker, topic_name):
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "state": {"type": "string"}},
+              "required": ["id", "state"]}
+    create_compacted(broker.bootstrap, topic_name, **{"fluvial.value.format": "json",
+                                                      "fluvial.value.schema": json.dumps(schema),
+                                                      "delete.retention.ms": "600000"})
+    sr = SchemaRegistryClient({"url": broker.http_url})
+    ser = JSONSerializer(json.dumps(schema), sr, conf={"auto.register.schemas": False, "use.latest.version": True})
+    de = JSONDeserializer(json.dumps(schema))
+    ctx = SerializationContext(topic_name, MessageField.VALUE)
+    latest: dict = {}
+
+    def done(err, msg):
+        assert err is None, err
+        latest[(msg.partition(), msg.key())] = (msg.offset(), msg.value())
+
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    for r in range(4):
+        for k in range(60):
+            p.produce(topic_name, key=b"k%03d" % k, value=ser({"id": k, "state": f"s{r}"}, ctx), on_delivery=done)
+        p.poll(0)
+    for k in range(0, 60, 6):
+        p.produce(topic_name, key=b"k%03d" % k, value=None, on_delivery=done)
+    assert p.flush(60) == 0
+    compact_now(broker, topic_name)
+    after = consume_all(broker.bootstrap, topic_name)
+    assert {k: [(o, None if v is None else de(v, ctx))] for k, (o, v) in latest.items()} == {
+        k: [(o, None if v is None else de(v, ctx))] for k, [(o, v)] in after.items()}
+    assert sum(1 for [(_, v)] in after.values() if v is None) == 10
+    assert all(de(v, ctx)["state"] == "s3" for [(_, v)] in after.values() if v is not None)
