@@ -33,3 +33,19 @@ def test_sliced_arrays_and_single_keys():
     arr = pa.array([b"x", b"21", b"foobar"], pa.binary()).slice(1)
     assert murmur2_array(arr).view("int32").tolist() == [-973932308, -790332482]
     assert bucket_of(b"foobar", 7) == (-790332482 & 0x7FFFFFFF) % 7
+
+
+def test_crc32_bucketing_matches_librdkafka_consistent_random():
+    """librdkafka's default partitioner: zlib's CRC-32 of the key bytes mod the partition count."""
+    import os
+    import zlib
+
+    import pyarrow as pa
+
+    from fluvial.kv.bucketing import BucketFunction, bucket_of, buckets_of, crc32_array
+
+    keys = [os.urandom(i % 53) for i in range(3000)] + [b"", b"key-0001"]
+    assert crc32_array(pa.array(keys, pa.binary())).tolist() == [zlib.crc32(k) for k in keys]
+    assert buckets_of(pa.array(keys, pa.binary()), 7, "crc32").tolist() == [zlib.crc32(k) % 7 for k in keys]
+    assert bucket_of(b"key-0001", 5, "consistent_random") == zlib.crc32(b"key-0001") % 5
+    assert BucketFunction.normalize("murmur2_random") == "murmur2"
