@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 
 from fluvial.broker.broker import on_start
-from fluvial.broker.config import TOPIC_CONFIGS
+from fluvial.broker.config import AGG_CONFIG_PREFIX, TOPIC_CONFIGS, config_def
 from fluvial.broker.config_resources import (BROKER_CONFIGS, GROUP_CONFIGS, RESOURCE_BROKER, RESOURCE_GROUP,
                                              RESOURCE_TOPIC, ConfigResources)
 from fluvial.broker.handlers import RequestContext, handles
@@ -29,7 +29,9 @@ CONFIG_TYPE = {"bool": 1, "string": 2, "int": 3, "long": 5, "double": 6, "list":
 
 def topic_config_entries(table, keys: list[str] | None, synonyms: bool, docs: bool) -> list:
     entries = []
-    for name, d in TOPIC_CONFIGS.items():
+    # Per-column aggregate functions are named after the table's columns: listed as set.
+    agg = {n: config_def(n) for n in table.configs if n.startswith(AGG_CONFIG_PREFIX)}
+    for name, d in {**TOPIC_CONFIGS, **agg}.items():
         if keys is not None and name not in keys:
             continue
         overridden = name in table.configs

@@ -196,9 +196,10 @@ class RetractMaterializer:
         old = [old_rows[k] for k in g.tolist()]
         exists = np.fromiter((v is not None for v in old), bool, w.size)
         if self.whole_row:
-            old_ident = pa.array([None if v is None else v[2:] for v in old], pa.binary())
+            old_ident_l = [None if v is None else v[2:] for v in old]
         else:
-            old_ident = pa.array([old_idents[k] for k in g.tolist()], pa.binary())
+            old_ident_l = [old_idents[k] for k in g.tolist()]
+        old_ident = pa.array(old_ident_l, pa.binary())
         new_ident = pa.array([idents[i] for i in w.tolist()], pa.binary())
         same = pc.fill_null(pc.equal(old_ident, new_ident), False).to_numpy(zero_copy_only=False)
         new_row = pa.array([row_values[i] for i in w.tolist()], pa.binary())
@@ -240,7 +241,7 @@ class RetractMaterializer:
             keys.append(key)
             values.append(bytes((row[0] | ROW_FLAG,)) + row[1:])
             keys.append(state_key(key))
-            values.append(encode_state([[old_ident[j].as_py(), old[j], 0, None],
+            values.append(encode_state([[old_ident_l[j], old[j], 0, None],
                                         [idents[i], row, int(times[i]), i]], whole))
         stats.keys += int(insert.sum()) - int(gone.sum())
         stats.rows += int(insert.sum()) + int(append.sum()) - int(gone.sum())

@@ -304,6 +304,17 @@ def test_a_changelog_shuffled_by_another_column_materializes_right_in_a_retract_
     assert table.info.schema.names == ["id", "level", "attr"]
     found = table.lookup(pa.table({"id": pa.array(range(40), pa.int64())})).to_pylist()
     assert {r["id"]: (r["id"], r["level"], r["attr"]) for r in found} == upsert_table(changes)
+    # The same changelog into an aggregation table: level summed, retractions subtract, so
+    # each key ends with its final level (0 once deleted).
+    agg = f"{topic_name}_agg"
+    (df.drop("attr").write.format("fluvial").option("url", broker.flight_url).option("table", agg)
+     .option("createTable", "true").option("primaryKey", "id").option("mergeEngine", "aggregation")
+     .option("agg.level", "sum").option("changeColumn", "op").mode("append").save())
+    summed = fc.connect(broker.flight_url).table(agg)
+    assert summed.info.configs["fluvial.agg.level"] == "sum"
+    final = upsert_table(changes)
+    got = {r["id"]: r["level"] for r in summed.lookup(pa.table({"id": pa.array(range(40), pa.int64())})).to_pylist()}
+    assert got == {i: final[i][1] if i in final else 0 for i in got} and set(final) <= set(got)
     # A change type the table does not know fails the job with the broker's reason.
     bad = spark.createDataFrame([("+X", 1, 1, "a")], "op string, id long, level long, attr string")
     with pytest.raises(Exception, match="invalid change type"):

@@ -130,6 +130,30 @@ def test_union_of_tiered_pk_table_equals_lookups(lake_broker):
         assert sort_rows(got, ["k"]) == [{"k": r["k"], "v": r["v"]} for r in expected if r["v"] == "b"]
 
 
+def test_retract_table_tiers_its_visible_rows_to_the_lake(lake_broker):
+    """A reordered join changelog into a 'retract' table: the lake table and the union read
+    hold the sequential result (the merge state's logged input rows never reach the lake)."""
+    from tests.integration.test_pk_retract_recovery import BATCH, batch_table, reordered_stream
+    from tests.support.changelog_join import T1, upsert_table
+    changes, arrivals = reordered_stream(5, 800)
+    batches = (len(arrivals) + BATCH - 1) // BATCH
+    name = f"r-{uuid.uuid4().hex[:8]}"
+    with connect(lake_broker.flight_url) as client:
+        t = client.create_table(name, T1, buckets=2, primary_key=["id"], merge_engine="retract", configs=LAKE)
+        for i in range(batches // 2):
+            t.upsert(batch_table(arrivals, i))
+        tier(lake_broker, name)
+        lake_rows = sort_rows(t.scan(source="lake").to_arrow(), ["id"])
+        assert lake_rows == sort_rows(t.full_read().rows, ["id"])
+        for i in range(batches // 2, batches):
+            t.upsert(batch_table(arrivals, i))
+        expected = sorted(({"id": i, "level": lv, "attr": a} for i, lv, a in upsert_table(changes).values()),
+                          key=lambda r: r["id"])
+        assert sort_rows(t.scan(source="union").to_arrow(), ["id"]) == expected
+        tier(lake_broker, name)
+        assert sort_rows(t.scan(source="lake").to_arrow(), ["id"]) == expected
+
+
 def add_nullable_note_column(broker, name: str) -> None:
     """Evolve the table through the registry: a new version of `<name>-value` with a nullable
     `note` string."""
