@@ -63,7 +63,9 @@ class ArrowResults:
         names = list(schema.names())
 
         def source(with_columns, predicate, n_rows, batch_size) -> Iterator[Any]:
-            scan = self.with_columns([c for c in names if c in with_columns]) if with_columns is not None else self
+            wanted = [c for c in names if c in with_columns] if with_columns is not None else names
+            # A query that needs no column (a row count) still reads one, the first.
+            scan = self if wanted == names else self.with_columns(wanted or names[:1])
             left = n_rows
             for batch in scan.to_batches():
                 frame = pl.from_arrow(batch, rechunk=False)

@@ -136,6 +136,9 @@ def test_pushed_expressions_skip_batches_as_tuples_do(client, topic_name):
     part = t.scan(columns=["id"], filter=(pc.field("i") >= 85) & (pc.field("f") > pc.field("i")))
     assert part.filter == [["i", ">=", 85]] and part.columns == ["id", "f", "i"]
     assert part.to_arrow().column_names == ["id"] and part.stats.batches_skipped == 8
+    # _bucket is not stored: the broker cannot filter on it, the client can
+    one = t.scan(columns=["id"], filter=(pc.field("_bucket") == 0) & (pc.field("i") >= 85))
+    assert one.filter == [["i", ">=", 85]] and one.to_arrow().equals(t.scan(columns=["id"], filter=[("i", ">=", 85)]).to_arrow())
 
 
 @pytest.mark.parametrize("expr,pushed", [
