@@ -37,6 +37,11 @@ _SIZE = struct.Struct(">i")
 MAX_IN_FLIGHT = 64
 
 
+def _api_key(frame: memoryview) -> int:
+    """The request's API key (the header's first int16), for the request metrics."""
+    return (frame[0] << 8 | frame[1]) if len(frame) >= 2 else -1
+
+
 class CloseConnection(Exception):
     """The request cannot be answered; Kafka's reply to that is closing the connection."""
 
@@ -147,31 +152,26 @@ class KafkaServer:
             frame = memoryview(await reader.readexactly(size))
             conn.in_progress += 1
             conn.last_active = loop.time()
-            reply = await self._dispatch(frame, conn.peer)
+            started = time.perf_counter()
+            try:
+                reply = await self._dispatch(frame, conn.peer, started)
+            except CloseConnection:
+                self.request_stats.failed(_api_key(frame))
+                raise
+            if not isinstance(reply, asyncio.Future):  # a Deferred is timed when its response is ready
+                self.request_stats.observe(_api_key(frame), time.perf_counter() - started)
             if reply is None:
                 conn.in_progress -= 1
                 conn.last_active = loop.time()
             else:
                 await outbox.put(reply)
 
-    async def _dispatch(self, frame: memoryview, peer: str) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
-        started = time.perf_counter()
+    async def _dispatch(self, frame: memoryview, peer: str, started: float
+                        ) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
         try:
             header = decode_request_header(frame)
         except FluvialError as exc:
             raise CloseConnection(str(exc)) from None
-        try:
-            reply = await self._handle(frame, header, peer, started)
-        except CloseConnection:
-            self.request_stats.failed(header.api_key)
-            raise
-        if isinstance(reply, asyncio.Future):
-            return reply  # a Deferred: timed when its response is ready (`_complete`)
-        self.request_stats.observe(header.api_key, time.perf_counter() - started)
-        return reply
-
-    async def _handle(self, frame: memoryview, header: RequestHeader, peer: str, started: float
-                      ) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
         reg = HANDLERS.get(header.api_key)
         if reg is None:
             raise CloseConnection(f"unknown API key {header.api_key}")

@@ -169,3 +169,18 @@ def test_metrics_endpoint_is_not_confused_by_bad_requests(broker):
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(urllib.request.Request(f"{broker.http_url}/metrics", method="POST"), timeout=10)
     assert info.value.code == 405
+
+
+def test_requests_that_close_the_connection_are_counted_as_failures(broker):
+    import socket
+    import struct
+    host, port = broker.bootstrap.split(":")
+    # API key 31337 does not exist: Kafka's answer is closing the connection.
+    header = struct.pack(">hhi", 31337, 0, 7) + struct.pack(">h", 4) + b"test"
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(struct.pack(">i", len(header)) + header)
+        assert s.recv(10) == b""  # closed
+    deadline = time.monotonic() + 10
+    while Scrape(broker.http_url).values("fluvial_kafka_request_failures_total", api="31337") != [1.0]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
