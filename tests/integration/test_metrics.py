@@ -184,3 +184,26 @@ def test_requests_that_close_the_connection_are_counted_as_failures(broker):
     while Scrape(broker.http_url).values("fluvial_kafka_request_failures_total", api="31337") != [1.0]:
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_lake_lag_metrics_fall_to_zero_after_a_tiering_round(fresh_broker, topic_name):
+    from fluvial.tiering.lake.job import TieringWorker
+    b = fresh_broker()
+    schema = pa.schema([pa.field("id", pa.int64(), False)])
+    with connect(b.flight_url) as client:
+        t = client.create_table(topic_name, schema, buckets=2, lake=True)
+        t.append(pa.table({"id": pa.array(range(30), pa.int64())}, schema=schema))
+    s = Scrape(b.http_url)
+    assert s.value("fluvial_lake_lag_records", table=topic_name) == 30
+    assert s.value("fluvial_lake_lag_seconds", table=topic_name) >= 0
+    assert s.value("fluvial_lake_tiering_rounds_total", table=topic_name) == 0
+
+    assert TieringWorker(b.flight_url, job="metrics-test").run_once().rows == 30
+    s = Scrape(b.http_url)
+    assert s.value("fluvial_lake_lag_records", table=topic_name) == 0
+    assert s.value("fluvial_lake_lag_seconds", table=topic_name) == 0
+    assert s.value("fluvial_lake_tiering_rounds_total", table=topic_name) == 1
+    # The console's tiering page shows the same state.
+    with urllib.request.urlopen(f"{b.http_url}/console/tiering", timeout=30) as r:
+        page = r.read().decode()
+    assert topic_name in page and ">tiered<" in page
