@@ -144,6 +144,16 @@ def test_keyless_records_are_refused_per_record(broker, topic_name):
     c.produce(topic_name, value=b"no key", partition=1, on_delivery=lambda err, msg: errors.append(err))
     c.flush(10)
     assert errors and errors[0] is not None and errors[0].code() == 87  # INVALID_RECORD
+    # The table API refuses keyless rows too; rows with keys go in.
+    import pyarrow as pa
+
+    import fluvial.client as fc
+    with fc.connect(broker.flight_url) as client:
+        table = client.table(topic_name)
+        with pytest.raises(fc.FluvialError) as info:
+            table.append(pa.table({"value": [b"a", b"b"]}), bucket=0)
+        assert "without key" in str(info.value)
+        table.append(pa.table({"_key": [b"k1"], "value": [b"a"]}), bucket=0)
 
 
 def test_the_background_cleaner_compacts_closed_segments(fresh_broker, topic_name):

@@ -312,11 +312,17 @@ def test_group_config_resources(broker, java_tools):
     assert res.returncode == 0, res.stderr.decode()[-2000:]
     out = res.stdout.decode()
     assert "consumer.session.timeout.ms=50000" in out and "consumer.heartbeat.interval.ms=5000" in out
-    bad = java_tools.java_tool("kafka.admin.ConfigCommand", "--bootstrap-server", broker.bootstrap,
-                               "--entity-type", "groups", "--entity-name", group, "--alter",
-                               "--add-config", "consumer.session.timeout.ms=5")
-    res = subprocess.run(bad, capture_output=True, timeout=120)
-    assert res.returncode != 0 and b"consumer.session.timeout.ms" in res.stderr + res.stdout
+    # Out of Kafka's bounds: refused, the stored value stays.
+    IA = request_class(ApiKey.INCREMENTAL_ALTER_CONFIGS)
+    Res = IA.AlterConfigsResource
+    c = RawClient(broker.bootstrap)
+    r = c.call(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, dict(validate_only=False, resources=[Res(
+        resource_type=32, resource_name=group, configs=[Res.AlterableConfig(
+            name="consumer.session.timeout.ms", config_operation=0, value="5")])]))
+    c.close()
+    assert r.responses[0].error_code == 40 and "consumer.session.timeout.ms" in r.responses[0].error_message
+    res = subprocess.run(describe, capture_output=True, timeout=120)
+    assert "consumer.session.timeout.ms=50000" in res.stdout.decode()
 
 
 def test_authorized_operations_when_asked(broker, topic_name):
