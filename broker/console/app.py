@@ -60,9 +60,12 @@ def _duration(seconds: float | None) -> str:
     return f"{d}d {h}h {m}m" if d else f"{h}h {m}m {s}s" if h else f"{m}m {s}s"
 
 
-def _render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+async def _render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+    # Rendered on a worker thread: a page of 1,000 rows is milliseconds of CPU the loop's
+    # clients should not wait for (jinja2 templates render concurrently).
     env = request.app[_TEMPLATES]
-    html = env.get_template(template).render(nav=context.pop("nav", ""), now=time.strftime("%H:%M:%S"), **context)
+    html = await _off_loop(lambda: env.get_template(template).render(
+        nav=context.pop("nav", ""), now=time.strftime("%H:%M:%S"), **context))
     return web.Response(text=html, status=status, content_type="text/html", charset="utf-8",
                         headers={"Cache-Control": "no-store"})
 
@@ -72,21 +75,21 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
     try:
         return await handler(request)
     except views.NotFound as exc:
-        return _error_page(request, 404, "Not found", str(exc))
+        return await _error_page(request, 404, "Not found", str(exc))
     except (rows.BadParameter, ValueError) as exc:
-        return _error_page(request, 400, "Bad request", str(exc))
+        return await _error_page(request, 400, "Bad request", str(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _error_page(request, exc.status, exc.reason, f"{request.path} cannot be shown.")
+        return await _error_page(request, exc.status, exc.reason, f"{request.path} cannot be shown.")
     except Exception:  # the console keeps serving; the details go to the log, not the page
         log.exception("console page %s failed", request.path_qs)
-        return _error_page(request, 500, "Internal error",
+        return await _error_page(request, 500, "Internal error",
                            "The page could not be built; the broker's log has the details.")
 
 
-def _error_page(request: web.Request, status: int, title: str, message: str) -> web.Response:
-    return _render(request, "error.html", status=status, title=title, code=status, message=message)
+async def _error_page(request: web.Request, status: int, title: str, message: str) -> web.Response:
+    return await _render(request, "error.html", status=status, title=title, code=status, message=message)
 
 
 def _broker(request: web.Request):
@@ -108,14 +111,18 @@ async def overview(request: web.Request) -> web.Response:
     broker = _broker(request)
     info = await _off_loop(views.overview, broker)
     history = _history(request)
-    chart_html = []
-    if history is not None:
-        chart_html = [charts.line_chart("Records per second (all tables)", history.rates(), chart_id="chart-records"),
-                      charts.line_chart("Bytes per second (all tables)", history.byte_rates(), chart_id="chart-bytes"),
-                      charts.line_chart("Consumer group lag (records)", history.group_lag(), chart_id="chart-lag"),
-                      charts.line_chart("Event loop lag, worst per sample (ms)", history.loop_lag_series(),
-                                        chart_id="chart-loop")]
-    return _render(request, "overview.html", nav="overview", info=info, charts=chart_html, refresh=True)
+
+    def draw() -> list[str]:
+        if history is None:
+            return []
+        return [charts.line_chart("Records per second (all tables)", history.rates(), chart_id="chart-records"),
+                charts.line_chart("Bytes per second (all tables)", history.byte_rates(), chart_id="chart-bytes"),
+                charts.line_chart("Consumer group lag (records)", history.group_lag(), chart_id="chart-lag"),
+                charts.line_chart("Event loop lag, worst per sample (ms)", history.loop_lag_series(),
+                                  chart_id="chart-loop")]
+
+    chart_html = await _off_loop(draw)  # an hour of samples of every table: not on the loop
+    return await _render(request, "overview.html", nav="overview", info=info, charts=chart_html, refresh=True)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -127,16 +134,16 @@ async def health(request: web.Request) -> web.Response:
 
 async def tables(request: web.Request) -> web.Response:
     listing = await _off_loop(views.table_rows, _broker(request))
-    return _render(request, "tables.html", nav="tables", tables=listing, refresh=True)
+    return await _render(request, "tables.html", nav="tables", tables=listing, refresh=True)
 
 
 async def table(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     detail = await _off_loop(views.table_detail, _broker(request), name)
     history = _history(request)
-    chart = charts.line_chart(f"Records per second: {name}", history.rates(name), chart_id="chart-table") \
-        if history is not None else ""
-    return _render(request, "table.html", nav="tables", t=detail, chart=chart, refresh=True)
+    chart = await _off_loop(lambda: charts.line_chart(f"Records per second: {name}", history.rates(name),
+                                                      chart_id="chart-table")) if history is not None else ""
+    return await _render(request, "table.html", nav="tables", t=detail, chart=chart, refresh=True)
 
 
 async def table_rows(request: web.Request) -> web.Response:
@@ -146,7 +153,7 @@ async def table_rows(request: web.Request) -> web.Response:
     page = await _off_loop(rows.browse, broker, t, q)
     template = "rows_fragment.html" if request.query.get("fragment") == "1" else "rows.html"
     users = await _off_loop(lambda: [f.name for f in views.user_schema(t)])
-    return _render(request, template, nav="tables", name=t.name, q=q, page=page, all_columns=users,
+    return await _render(request, template, nav="tables", name=t.name, q=q, page=page, all_columns=users,
                    buckets=len(t.buckets), max_limit=rows.MAX_LIMIT, live=request.query.get("live") == "1",
                    query_string=request.query_string)
 
@@ -162,13 +169,13 @@ async def table_lookup(request: web.Request) -> web.Response:
     if any(keys.values()):
         loop = asyncio.get_running_loop()
         result = await _off_loop(views.lookup, broker, loop, name, keys)
-    return _render(request, "lookup.html", nav="tables", t=detail, keys=keys, result=result)
+    return await _render(request, "lookup.html", nav="tables", t=detail, keys=keys, result=result)
 
 
 async def schemas(request: web.Request) -> web.Response:
     registry = _broker(request).extensions.get("registry")
     subjects = await _off_loop(views.subjects, registry) if registry is not None else []
-    return _render(request, "schemas.html", nav="schemas", subjects=subjects)
+    return await _render(request, "schemas.html", nav="schemas", subjects=subjects)
 
 
 async def schema_subject(request: web.Request) -> web.Response:
@@ -177,26 +184,26 @@ async def schema_subject(request: web.Request) -> web.Response:
         raise views.NotFound("The schema registry is not running.")
     detail = await _off_loop(views.subject_detail, registry, request.match_info["subject"],
                              request.query.get("left"), request.query.get("right"))
-    return _render(request, "subject.html", nav="schemas", s=detail)
+    return await _render(request, "subject.html", nav="schemas", s=detail)
 
 
 async def groups(request: web.Request) -> web.Response:
     listing = await _off_loop(views.group_rows, _broker(request))
-    return _render(request, "groups.html", nav="groups", groups=listing, refresh=True)
+    return await _render(request, "groups.html", nav="groups", groups=listing, refresh=True)
 
 
 async def group(request: web.Request) -> web.Response:
     group_id = request.match_info["group"]
     detail = await _off_loop(views.group_detail, _broker(request), group_id)
     history = _history(request)
-    chart = charts.line_chart(f"Lag of {group_id} (records)", history.group_lag(group_id), chart_id="chart-group") \
-        if history is not None else ""
-    return _render(request, "group.html", nav="groups", g=detail, chart=chart, refresh=True)
+    chart = await _off_loop(lambda: charts.line_chart(f"Lag of {group_id} (records)", history.group_lag(group_id),
+                                                      chart_id="chart-group")) if history is not None else ""
+    return await _render(request, "group.html", nav="groups", g=detail, chart=chart, refresh=True)
 
 
 async def tiering(request: web.Request) -> web.Response:
     info = await _off_loop(views.tiering, _broker(request))
-    return _render(request, "tiering.html", nav="tiering", info=info, refresh=True)
+    return await _render(request, "tiering.html", nav="tiering", info=info, refresh=True)
 
 
 async def static(request: web.Request) -> web.StreamResponse:

@@ -147,6 +147,11 @@ def test_kv_and_remote_log_metrics(fresh_broker, topic_name):
     assert 0 <= s.value("fluvial_remote_log_lag_records", table=topic_name, bucket="0") < 80
     assert s.value("fluvial_remote_log_upload_failures", table=topic_name, bucket="0") == 0
 
+    # The console shows the same remote log: the tiering page and the table's buckets.
+    with urllib.request.urlopen(f"{b.http_url}/console/tiering", timeout=30) as r:
+        page = r.read().decode()
+    assert f'/console/tables/{topic_name}">{topic_name}</a>' in page and "0 failure(s)" in page
+
     pk = f"{topic_name}-pk"
     assert s.value("fluvial_kv_lookups_total", table=pk) == 1
     assert s.value("fluvial_kv_lookup_keys_total", table=pk) == 3
