@@ -2,6 +2,7 @@
 parts pushed down to the broker (batches skipped), bad filters refused before any request."""
 from __future__ import annotations
 
+import datetime as dt
 import math
 import uuid
 
@@ -15,6 +16,10 @@ import fluvial.client as fc
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), ("i", pa.int32()), ("f", pa.float64()),
                     ("s", pa.string()), ("b", pa.bool_())])
+UTC = dt.timezone.utc
+BASE = dt.datetime(2026, 3, 1, tzinfo=UTC)
+# Property tables also hold temporal columns (Avro values keep their types).
+TEMPORAL = pa.schema([*SCHEMA, ("t", pa.timestamp("ms", tz="UTC")), ("d", pa.date32())])
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +34,8 @@ ints = st.one_of(st.none(), st.integers(-50, 50))
 floats = st.one_of(st.none(), st.sampled_from([math.nan, -1.5, 0.0, 2.5]), st.floats(-60, 60, allow_nan=False))
 texts = st.one_of(st.none(), st.sampled_from(["", "a", "ab", "b", "zz"]))
 bools = st.one_of(st.none(), st.booleans())
+times = st.one_of(st.none(), st.integers(0, 40).map(lambda k: BASE + dt.timedelta(milliseconds=250 * k)))
+days = st.one_of(st.none(), st.integers(0, 20).map(lambda k: dt.date(2026, 3, 1) + dt.timedelta(days=k)))
 
 
 @st.composite
@@ -37,7 +44,9 @@ def tables(draw) -> pa.Table:
     return pa.table({"id": list(range(n)), "i": pa.array(draw(st.lists(ints, min_size=n, max_size=n)), pa.int32()),
                      "f": pa.array(draw(st.lists(floats, min_size=n, max_size=n)), pa.float64()),
                      "s": draw(st.lists(texts, min_size=n, max_size=n)),
-                     "b": pa.array(draw(st.lists(bools, min_size=n, max_size=n)), pa.bool_())}, schema=SCHEMA)
+                     "b": pa.array(draw(st.lists(bools, min_size=n, max_size=n)), pa.bool_()),
+                     "t": pa.array(draw(st.lists(times, min_size=n, max_size=n)), pa.timestamp("ms", tz="UTC")),
+                     "d": pa.array(draw(st.lists(days, min_size=n, max_size=n)), pa.date32())}, schema=TEMPORAL)
 
 
 CMP = [lambda a, b: a == b, lambda a, b: a != b, lambda a, b: a < b, lambda a, b: a <= b,
@@ -51,12 +60,17 @@ def literal_for(column: str):
         return st.one_of(st.floats(-60, 60, allow_nan=False), st.just(math.nan), st.integers(-5, 5))
     if column == "s":
         return st.sampled_from(["", "a", "ab", "b", "zz", "c"])
+    if column == "t":  # also sub-millisecond instants, which no stored value equals
+        return st.integers(-2, 42).flatmap(lambda k: st.sampled_from([0, 1, 500]).map(
+            lambda us: BASE + dt.timedelta(milliseconds=250 * k, microseconds=us)))
+    if column == "d":
+        return st.integers(-2, 22).map(lambda k: dt.date(2026, 3, 1) + dt.timedelta(days=k))
     return st.booleans()
 
 
 @st.composite
 def atoms(draw) -> pc.Expression:
-    column = draw(st.sampled_from(["i", "f", "s", "b"]))
+    column = draw(st.sampled_from(["i", "f", "s", "b", "t", "d"]))
     field = pc.field(column)
     kind = draw(st.sampled_from(["cmp", "cmp_left", "isin", "is_null", "is_valid", "field_field", "bool"]))
     if kind == "cmp":
@@ -66,7 +80,7 @@ def atoms(draw) -> pc.Expression:
     if kind == "isin":
         values = draw(st.lists(st.one_of(literal_for(column), st.none()) if column != "i" else
                                st.one_of(st.integers(-60, 60), st.none()), max_size=4))
-        typed = pa.array(values, SCHEMA.field(column).type)
+        typed = pa.array(values, TEMPORAL.field(column).type)
         return field.isin(typed)
     if kind == "is_null":
         return field.is_null(nan_is_null=draw(st.booleans()))
@@ -92,7 +106,7 @@ def ids(table: pa.Table) -> list[int]:
                                                                   HealthCheck.too_slow])
 @given(data=tables(), exprs=st.lists(expressions(), min_size=1, max_size=6), batch_rows=st.integers(1, 25))
 def test_random_expressions_give_pyarrow_datasets_rows(client, data, exprs, batch_rows):
-    t = client.create_table(f"expr-{uuid.uuid4().hex[:10]}", SCHEMA, buckets=2)
+    t = client.create_table(f"expr-{uuid.uuid4().hex[:10]}", TEMPORAL, buckets=2, kafka_format="avro")
     try:
         for lo in range(0, data.num_rows, batch_rows):  # several stored batches: statistics can skip
             t.append(data.slice(lo, batch_rows))
@@ -241,3 +255,13 @@ def test_primary_key_union_reads_take_expressions(client, lake, topic_name):
     got = t.scan(columns=["user", "qty"], filter=expr, source="union").to_arrow()
     want = ds.dataset(current).to_table(filter=expr).select(["user", "qty"])
     assert sort_rows(got, ["user"]) == sort_rows(want, ["user"])
+
+
+def test_temporal_literals_are_pushed_when_exact(client, topic_name):
+    t = client.create_table(topic_name, TEMPORAL, kafka_format="avro")
+    at = t.scan(filter=pc.field("t") >= BASE)
+    assert at.filter == [["t", ">=", BASE]] and at.client_filter is None
+    fine = t.scan(filter=pc.field("t") >= BASE + dt.timedelta(microseconds=1))  # finer than the column
+    assert fine.filter == [] and fine.client_filter is not None
+    day = t.scan(filter=pc.field("d").isin([dt.date(2026, 3, 2)]))
+    assert day.filter == [["d", "in", [dt.date(2026, 3, 2)]]]
