@@ -100,7 +100,7 @@ def _register(url: str, subject: str, schema: dict) -> None:
 
 
 def test_console_pages_in_a_real_browser(browser, fresh_broker, topic_name, request):
-    b = fresh_broker("--metrics-sample-interval-ms", "300")
+    b = fresh_broker("--metrics-sample-interval-ms", "300", "--group-initial-rebalance-delay-ms", "0")
     console = Console(browser, f"{b.http_url}/console", ARTIFACTS / "console" / request.node.name)
     orders = topic_name
     with connect(b.flight_url) as client:
@@ -125,10 +125,9 @@ def test_console_pages_in_a_real_browser(browser, fresh_broker, topic_name, requ
     _register(b.http_url, "payments-value", v2)
 
     # The group has committed 40 of bucket 0 and nothing of bucket 1.
-    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "console-group", "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False})
-    c.assign([TopicPartition(orders, 0, 0), TopicPartition(orders, 1, 0)])
-    c.commit(offsets=[TopicPartition(orders, 0, 40), TopicPartition(orders, 1, 0)], asynchronous=False)
+    setup = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "console-group", "enable.auto.commit": False})
+    setup.commit(offsets=[TopicPartition(orders, 0, 40), TopicPartition(orders, 1, 0)], asynchronous=False)
+    setup.close()
 
     console.open("/", "overview")
     assert "Healthy" in browser.find_element(By.ID, "health").text
@@ -189,15 +188,27 @@ def test_console_pages_in_a_real_browser(browser, fresh_broker, topic_name, requ
     console.open("/groups/console-group", "group-lagging")
     assert browser.find_element(By.ID, "total-lag").get_attribute("data-lag") == "83"
 
-    # The consumer reads everything and commits: the group page shows the lag falling to 0.
+    # A member joins and reads from the committed offsets: the page shows it and its partitions.
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "console-group", "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False, "client.id": "console-test-consumer"})
+    c.subscribe([orders])
     got = 0
     deadline = time.monotonic() + 60
-    while got < 123 and time.monotonic() < deadline:  # assigned from offset 0: all of both buckets
+    while got == 0 and time.monotonic() < deadline:
         m = c.poll(0.5)
-        if m is not None and m.error() is None:
-            got += 1
+        got += m is not None and m.error() is None
+    console.open("/groups/console-group", "group-member")
+    members = console.table("#members")
+    assert len(members) == 1 and members[0]["Client id"] == "console-test-consumer"
+    assert members[0]["Assigned"] == f"{orders}-0, {orders}-1"
+    assert browser.find_element(By.ID, "group-state").text == "Stable"
+
+    # It reads everything and commits: the group page shows the lag falling to 0.
+    while got < 83 and time.monotonic() < deadline:  # from the committed offsets 40 and 0
+        m = c.poll(0.5)
+        got += m is not None and m.error() is None
+    assert got == 83
     c.commit(asynchronous=False)
-    c.close()
     lags = []
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -208,6 +219,7 @@ def test_console_pages_in_a_real_browser(browser, fresh_broker, topic_name, requ
         time.sleep(0.5)
     assert lags[-1] == 0
     assert [r["Lag"] for r in console.table("#partitions")] == ["0", "0"]
+    c.close()
     time.sleep(1.0)
     console.open("/groups/console-group", "group-chart")
     assert browser.find_elements(By.CSS_SELECTOR, "#chart-group svg polyline")

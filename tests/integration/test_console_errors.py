@@ -26,6 +26,11 @@ def table(broker):
         t = client.create_table(name, pa.schema([pa.field("id", pa.int64(), False), pa.field("note", pa.string())]),
                                 buckets=2)
         t.append(pa.table({"id": pa.array([1, 2, 3], pa.int64()), "note": ["a", "b", None]}))
+        users = client.create_table(f"{name}-pk", pa.schema([pa.field("id", pa.int64(), False),
+                                                             pa.field("region", pa.string(), False),
+                                                             pa.field("visits", pa.int64())]),
+                                    buckets=2, primary_key=["id", "region"])
+        users.upsert(pa.table({"id": pa.array([7], pa.int64()), "region": ["eu"], "visits": pa.array([3], pa.int64())}))
     return name
 
 
@@ -43,6 +48,9 @@ def table(broker):
     ("/tables/{t}/rows?start=999999", 400, "out of range"),
     ("/tables/{t}/rows?start=yesterday", 400, "start must be a whole number"),
     ("/tables/{t}/lookup?id=1", 400, "has no primary key"),
+    ("/tables/{t}-pk/lookup?id=seven&region=eu", 400, "'seven' is not a int64 value for key column 'id'"),
+    ("/tables/{t}-pk/lookup?id=7", 400, "give a value for every key column: 'region' is missing"),
+    ("/tables/{t}-pk/lookup?id=99999999999999999999999&region=eu", 400, "for key column 'id'"),
     ("/schemas/no-such-subject", 404, "no subject 'no-such-subject'"),
     ("/groups/no-such-group", 404, "no consumer group 'no-such-group'"),
     ("/static/..%2F..%2Fmetrics.py", 404, "no file"),
@@ -64,3 +72,10 @@ def test_filters_and_offsets_that_work(broker, table):
     assert 'data-count="2"' in body
     code, _, body = _get(f"{broker.http_url}/console/health")
     assert code == 200 and '"healthy": true' in body
+
+
+def test_lookup_by_a_composite_key(broker, table):
+    code, _, body = _get(f"{broker.http_url}/console/tables/{table}-pk/lookup?id=7&region=eu")
+    assert code == 200 and 'id="lookup-result"' in body and "<td>3</td>" in body
+    code, _, body = _get(f"{broker.http_url}/console/tables/{table}-pk/lookup?id=7&region=us")
+    assert code == 200 and 'id="lookup-none"' in body
