@@ -33,6 +33,8 @@ class BrokerConfig:
     retention_check_interval_ms: int = 30_000
     # Log compaction: how often compacted tables are checked for cleaning (log.cleaner.backoff.ms).
     log_cleaner_backoff_ms: int = 15_000
+    # Bytes of keys one cleaning pass may hold in memory (log.cleaner.dedupe.buffer.size).
+    log_cleaner_dedupe_buffer_size: int = 128 * 1024 * 1024
     # Topic config defaults set at runtime through dynamic broker configs (log.cleaner.*).
     topic_defaults: dict[str, str] = field(default_factory=dict)
     wire_cache_bytes: int = 64 * 1024 * 1024

@@ -93,6 +93,8 @@ BROKER_CONFIGS: dict[str, BrokerConfigDef] = {d.name: d for d in [
     # Dynamic (Kafka lets them change at runtime; so does Fluvial).
     BrokerConfigDef("log.cleaner.backoff.ms", "long", "How often compacted topics are checked for cleaning.",
                     _cfg("log_cleaner_backoff_ms"), field="log_cleaner_backoff_ms"),
+    BrokerConfigDef("log.cleaner.dedupe.buffer.size", "long", "Bytes of keys one cleaning pass may hold.",
+                    _cfg("log_cleaner_dedupe_buffer_size"), field="log_cleaner_dedupe_buffer_size"),
     BrokerConfigDef("log.cleaner.delete.retention.ms", "long", "Default of delete.retention.ms.",
                     _topic_default("delete.retention.ms"), topic_default="delete.retention.ms"),
     BrokerConfigDef("log.cleaner.min.cleanable.ratio", "double", "Default of min.cleanable.dirty.ratio.",

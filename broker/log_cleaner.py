@@ -19,8 +19,9 @@ from fluvial.broker.log.cleaner import MAX_LONG, CleaningResult, CompactionConfi
 log = logging.getLogger(__name__)
 
 
-def compaction_config(table) -> CompactionConfig:
+def compaction_config(table, broker_config) -> CompactionConfig:
     return CompactionConfig(
+        dedupe_buffer_bytes=max(1, broker_config.log_cleaner_dedupe_buffer_size),
         delete_retention_ms=int(table.config("delete.retention.ms")),
         min_cleanable_dirty_ratio=float(table.config("min.cleanable.dirty.ratio")),
         min_compaction_lag_ms=int(table.config("min.compaction.lag.ms")),
@@ -58,7 +59,7 @@ class LogCleanerManager:
     async def _clean(self, bucket, *, force: bool) -> CleaningResult | None:
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(self.executor, lambda: clean(
-            bucket.tablet, compaction_config(bucket.table), force=force))
+            bucket.tablet, compaction_config(bucket.table, self.broker.config), force=force))
         if result is not None and result.segments_rewritten:
             self.broker.wire_cache.drop_bucket_below(bucket.table.name, bucket.index, result.first_dirty_offset)
         return result
@@ -74,10 +75,28 @@ class LogCleanerManager:
         for bucket in list(table.buckets):
             bucket.tablet.roll()
             # Only durable records are cleaned (readers never see what a crash could take back).
-            await bucket.group_commit.wait_durable(bucket.tablet.log_end_offset)
-            result = await self._clean(bucket, force=True)
-            out.append({"bucket": bucket.index, **(result.to_json() if result else {})})
+            end = bucket.tablet.log_end_offset
+            await bucket.group_commit.wait_durable(end)
+            # Passes until everything is clean (several when the dirty keys exceed the dedupe buffer).
+            passes: list[CleaningResult] = []
+            while not passes or passes[-1].first_dirty_offset < end:
+                result = await self._clean(bucket, force=True)
+                if result is None:
+                    break
+                passes.append(result)
+            out.append({"bucket": bucket.index, **_summary(passes)})
         return out
+
+
+def _summary(passes: list[CleaningResult]) -> dict:
+    """One bucket's figures over its cleaning passes."""
+    if not passes:
+        return {}
+    return {**passes[-1].to_json(), "passes": len(passes), "records_before": passes[0].records_before,
+            "bytes_before": passes[0].bytes_before,
+            "segments_rewritten": sum(p.segments_rewritten for p in passes),
+            "tombstones_removed": sum(p.tombstones_removed for p in passes),
+            "seconds": sum(p.seconds for p in passes)}
 
 
 @on_start

@@ -55,6 +55,9 @@ class CompactionConfig:
     min_cleanable_dirty_ratio: float = 0.5
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = MAX_LONG
+    # Bytes of dirty keys one pass may hold (Kafka's log.cleaner.dedupe.buffer.size): a pass
+    # covers the dirty segments whose keys fit (at least one); the next pass goes on from there.
+    dedupe_buffer_bytes: int = 128 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -135,21 +138,30 @@ def _read_all(segment: LogSegment, columns: list[str] | None = None) -> list[tup
     return out
 
 
-def _latest_offsets(segments: list[LogSegment], first_dirty: int) -> tuple[pa.Array, np.ndarray]:
-    """The keys of the dirty part and the latest offset of each (one vectorized group-by)."""
+def _latest_offsets(segments: list[LogSegment], first_dirty: int,
+                    budget: int) -> tuple[pa.Array, np.ndarray, int]:
+    """The keys of the dirty part and the latest offset of each (one vectorized group-by),
+    and how many of `segments` that covers: dirty segments are added while their keys fit
+    in `budget` bytes (at least one)."""
     keys, offsets = [], []
+    used = 0
+    covered = 0
     for segment in segments:
+        if segment.state.next_offset > first_dirty and used >= budget and keys:
+            break
+        covered += 1
         for meta, batch in _read_all(segment, ["_key", "_offset"]):
             if meta.next_offset <= first_dirty or meta.attributes & ATTR_CONTROL or not batch.num_rows:
                 continue
             keys.append(batch.column(0))
             offsets.append(batch.column(1))
+            used += batch.column(0).nbytes + 8 * batch.num_rows
     if not keys:
-        return pa.array([], pa.binary()), np.zeros(0, np.int64)
+        return pa.array([], pa.binary()), np.zeros(0, np.int64), covered
     table = pa.table({"k": pa.chunked_array(keys, pa.binary()), "o": pa.chunked_array(offsets, pa.int64())})
     table = table.filter(pc.is_valid(table.column("k")))
     latest = table.group_by("k").aggregate([("o", "max")])
-    return latest.column("k").combine_chunks(), latest.column("o_max").to_numpy()
+    return latest.column("k").combine_chunks(), latest.column("o_max").to_numpy(), covered
 
 
 def _tombstones(batch: pa.RecordBatch) -> np.ndarray:
@@ -299,7 +311,8 @@ def clean(tablet: LogTablet, config: CompactionConfig, *, now_ms: int | None = N
         if not segments:
             return None
         first_dirty = _first_dirty(tablet)
-        map_keys, map_offsets = _latest_offsets(list(segments), first_dirty)
+        map_keys, map_offsets, covered = _latest_offsets(list(segments), first_dirty, config.dedupe_buffer_bytes)
+        segments = segments[:covered]
         with_stats = tablet.config.batch_statistics
         rewritten = records_before = records_after = tombstones = bytes_before = bytes_after = 0
         for segment in segments:

@@ -144,3 +144,19 @@ def test_a_crash_during_the_swap_loses_nothing(tmp_path, stage):
         assert len(got) < len(before)  # the committed copy replaced the segment
         assert set(got) <= set(before)
     assert not list(tmp_path.glob("*.cleaned")) and not list(tmp_path.glob("*.swap"))
+
+
+def test_a_small_dedupe_buffer_cleans_in_several_passes(tmp_path):
+    tablet = open_tablet(tmp_path)
+    latest = fill(tablet, rounds=20)
+    tablet.roll()
+    segments = len(tablet.segment_infos())
+    config = CompactionConfig(dedupe_buffer_bytes=1)  # one dirty segment a pass
+    passes = 0
+    while tablet.cleaner_checkpoint.read(0) < tablet.log_end_offset:
+        result = clean(tablet, config, force=True)
+        passes += 1
+        assert passes <= segments and result.segments_cleaned == passes  # one more dirty segment each time
+    assert passes == segments
+    assert {k: v for _, k, v in records(tablet)} == latest
+    assert len(records(tablet)) == 10
