@@ -40,3 +40,34 @@ def test_java_console_producer_upserts_by_key(broker, java_tools, topic_name):
         for i in range(40):
             per_bucket[bucket_of(json.dumps({"id": i}, separators=(",", ":")).encode(), 4)] += 5
         assert hw == per_bucket
+
+
+def test_java_consumer_moves_past_a_retract_tables_empty_batch(broker, java_tools, topic_name):
+    # The seed's ordering (3): the last write (-U of an earlier row) emits nothing visible,
+    # so the changelog ends with a batch of only logged input rows, fetched as an empty batch.
+    with connect(broker.flight_url) as client:
+        t = client.create_table(topic_name, pa.schema([pa.field("id", pa.int64(), False), ("level", pa.int64()),
+                                                       ("attr", pa.string())]),
+                                kafka_format="json", primary_key=["id"], merge_engine="retract")
+        for change, level, attr in [("+I", 10, "a1"), ("+U", 20, "b1"), ("-U", 10, "a1")]:
+            t.upsert([{"_change": change, "id": 1, "level": level, "attr": attr}])
+        end = t.offsets()[0].high_watermark
+    group = f"g-{topic_name}"
+    for topic in (f"{topic_name}.changelog", topic_name):
+        cmd = java_tools.java_tool("org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server",
+                                   broker.bootstrap, "--topic", topic, "--from-beginning", "--timeout-ms", "6000",
+                                   "--group", f"{group}-{topic}", "--property", "print.headers=true")
+        res = subprocess.run(cmd, capture_output=True, timeout=120)
+        shown = [line for line in res.stdout.decode().splitlines() if line.strip()]
+        if topic.endswith(".changelog"):
+            assert [line.split("\t")[0] for line in shown] == ["fluvial.change:+I", "fluvial.change:-U",
+                                                               "fluvial.change:+U"], res.stdout.decode()
+        else:
+            assert [line.split("\t")[0] for line in shown] == ["fluvial.change:+I", "fluvial.change:+U"]
+        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+        from confluent_kafka.admin import AdminClient
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        request = [ConsumerGroupTopicPartitions(f"{group}-{topic}", [TopicPartition(topic, 0)])]
+        committed = list(admin.list_consumer_group_offsets(request).values())[0].result(10)
+        # The Java consumer's position moved past the empty batch to the log end.
+        assert committed.topic_partitions[0].offset == end
