@@ -54,9 +54,9 @@ def group_lags(broker: "Broker", group_id: str | None = None) -> list[PartitionL
     if coord is None:
         return []
     out = []
-    by_group = dict(coord._offsets)
+    by_group = coord.committed_by_group()
     for gid in sorted(by_group) if group_id is None else [group_id]:
-        for (topic, index), committed in sorted(dict(by_group.get(gid, {})).items()):
+        for (topic, index), committed in sorted(by_group.get(gid, {}).items()):
             if committed is None:
                 continue
             table = broker.tables.tables.get(topic)
@@ -71,9 +71,17 @@ def groups(broker: "Broker") -> list[dict]:
     coord = group_coordinator(broker)
     if coord is None:
         return []
-    ids = sorted(set(coord._groups) | set(coord._offsets))
+    for attempt in range(5):
+        try:
+            # Read from a worker thread while the loop may be changing a group's members:
+            # a description caught mid-change is simply taken again.
+            descriptions = coord.describe_groups(coord.group_ids())
+            break
+        except RuntimeError:  # "dictionary changed size during iteration"
+            if attempt == 4:
+                raise
     out = []
-    for description in coord.describe_groups(ids):
+    for description in descriptions:
         out.append({"group": description.group_id, "state": description.state,
                     "protocol_type": description.protocol_type, "protocol": description.protocol_name,
                     "members": [{"member_id": m.member_id, "instance_id": m.group_instance_id,
@@ -111,7 +119,7 @@ def assigned_partitions(assignment: bytes) -> list[tuple[str, int]]:
 
 def remote_status(broker: "Broker", bucket: "Bucket") -> dict | None:
     """The remote log of a bucket (None when the table has no remote storage and nothing tiered)."""
-    state = broker.remote_log._states.get((str(bucket.table.topic_id), bucket.index))
+    state = broker.remote_log.known_state(bucket)
     if state is None:
         if not bucket.table.remote_storage_enabled:
             return None

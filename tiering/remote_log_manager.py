@@ -123,6 +123,11 @@ class RemoteLogManager:
                 self._states[key] = state
             return state
 
+    def known_state(self, bucket) -> BucketTiering | None:
+        """The bucket's remote log state if it was loaded already (no SQLite read)."""
+        bucket = getattr(bucket, "source", bucket)
+        return self._states.get((str(bucket.table.topic_id), bucket.index))
+
     def manifest(self, bucket) -> RemoteLogManifest:
         return self.state(bucket).manifest
 

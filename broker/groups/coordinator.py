@@ -852,6 +852,14 @@ class GroupCoordinator:
     def group(self, group_id: str) -> Group | None:
         return self._groups.get(group_id)
 
+    def group_ids(self) -> list[str]:
+        """Every group with members or committed offsets (metrics and the console; any thread)."""
+        return sorted(set(list(self._groups)) | set(list(self._offsets)))
+
+    def committed_by_group(self) -> dict[str, dict[TopicPartition, CommittedOffset]]:
+        """A copy of every group's committed offsets (metrics and the console; any thread)."""
+        return {group_id: dict(offsets) for group_id, offsets in list(self._offsets.items())}
+
     def _drop_group(self, group: Group) -> None:
         self._cancel_group_timers(group)
         group.transition(GroupState.DEAD, self._now_ms())
