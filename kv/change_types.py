@@ -37,6 +37,7 @@ class ChangeType(enum.IntEnum):
 FIRST_HIDDEN = ChangeType.INPUT_ADD
 WRITABLE_LABELS = ("+I", "-U", "+U", "-D")
 _WRITABLE = pa.array(list(WRITABLE_LABELS), pa.string())
+_WRITABLE_BYTES = pa.array([label.encode() for label in WRITABLE_LABELS], pa.binary())
 _CODES = np.array([ChangeType.INSERT, ChangeType.UPDATE_BEFORE, ChangeType.UPDATE_AFTER, ChangeType.DELETE], np.int8)
 
 
@@ -55,32 +56,23 @@ def parse_changes(values: pa.Array, what: str = "_change") -> np.ndarray:
     codes; every invalid one is named (InvalidRecordError with per-record errors)."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
-    n = len(values)
     if pa.types.is_integer(values.type):
         codes = values.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         bad = np.flatnonzero((codes < ChangeType.INSERT) | (codes > ChangeType.DELETE))
         if bad.size:
             _refuse(bad, [str(values[int(i)].as_py()) for i in bad[:100]], what)
         return codes.astype(np.int8)
-    if pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type):
-        values = values.cast(pa.string()) if _utf8(values) else pa.array([None] * n, pa.string())
-    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+    binary = pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)
+    if not binary and not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
         raise InvalidRecordError(f"{what} must hold the change types {list(WRITABLE_LABELS)} as strings, "
                                  f"not {values.type}")
-    idx = pc.index_in(values, value_set=_WRITABLE)
+    idx = pc.index_in(values, value_set=_WRITABLE_BYTES if binary else _WRITABLE)
     found = idx.is_valid().to_numpy(zero_copy_only=False)
     if not found.all():
         bad = np.flatnonzero(~found)
-        _refuse(bad, [repr(values[int(i)].as_py()) for i in bad[:100]], what)
+        shown = [values[int(i)].as_py() for i in bad[:100]]
+        _refuse(bad, [repr(v.decode("utf-8", "replace") if isinstance(v, bytes) else v) for v in shown], what)
     return _CODES[idx.to_numpy(zero_copy_only=False)]
-
-
-def _utf8(values: pa.Array) -> bool:
-    try:
-        values.cast(pa.string())
-        return True
-    except pa.ArrowInvalid:
-        return False
 
 
 def _refuse(bad: np.ndarray, shown: list[str], what: str) -> None:
