@@ -2,6 +2,7 @@
 prometheus_client's own text parser, and checked against what the clients did."""
 from __future__ import annotations
 
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -66,10 +67,30 @@ def test_metrics_follow_a_produce_and_consume_run(fresh_broker, topic_name):
                                                                        config={"max.message.bytes": "2000"})]).values():
         f.result(30)
     value = b"v" * 200
-    _produce(b.bootstrap, topic_name, {0: 300, 1: 200}, value)
+    # Scraped all along the run: every scrape parses, counters never go back or past the truth.
+    seen: list[tuple[float, float]] = []
+    stop = threading.Event()
 
-    # Half-way: the group committed 100 of bucket 0 and nothing of bucket 1.
-    c = _consume(b.bootstrap, topic_name, "metrics-group", 500)
+    def scrape_all_along() -> None:
+        while not stop.is_set():
+            s = Scrape(b.http_url)
+            seen.append((sum(s.values("fluvial_table_records_in_total", table=topic_name)),
+                         sum(s.values("fluvial_table_records_out_total", table=topic_name))))
+            time.sleep(0.05)
+
+    scraper = threading.Thread(target=scrape_all_along)
+    scraper.start()
+    try:
+        _produce(b.bootstrap, topic_name, {0: 300, 1: 200}, value)
+        # Half-way: the group committed 100 of bucket 0 and nothing of bucket 1.
+        c = _consume(b.bootstrap, topic_name, "metrics-group", 500)
+    finally:
+        stop.set()
+        scraper.join()
+    assert len(seen) >= 3
+    assert all(0 <= i <= 500 and 0 <= o <= 500 for i, o in seen)
+    assert [i for i, _ in seen] == sorted(i for i, _ in seen)
+    assert [o for _, o in seen] == sorted(o for _, o in seen)
     c.commit(offsets=[TopicPartition(topic_name, 0, 100)], asynchronous=False)
     s = Scrape(b.http_url)
     assert s.value("fluvial_consumer_group_committed_offset", group="metrics-group", table=topic_name, bucket="0") == 100
