@@ -27,7 +27,7 @@ from fluvial.broker.config import (TOPIC_CONFIGS, BrokerConfig, check_alterable,
                                    validate_topic_configs)
 from fluvial.broker.log import BatchMeta, FlushPolicy, LogConfig, LogTablet
 from fluvial.broker.metadata import MetadataStore
-from fluvial.errors import (FluvialError, InvalidPartitionsError, InvalidRecordError, InvalidTableError,
+from fluvial.errors import (FluvialError, InvalidConfigError, InvalidPartitionsError, InvalidRecordError, InvalidTableError,
                             TableExistsError, UnknownTableError)
 from fluvial.protocol.errors import ErrorCode
 from fluvial.progress import ProgressLog
@@ -194,7 +194,8 @@ class Table:
 
     @property
     def remote_storage_enabled(self) -> bool:
-        return config_flag(self.config("remote.storage.enable"))
+        # A compacted table stays local (as in Kafka): the broker-wide default does not apply to it.
+        return config_flag(self.config("remote.storage.enable")) and not self.compacted
 
     @property
     def compacted(self) -> bool:
@@ -224,15 +225,16 @@ def log_config_for(table_configs: dict[str, str], broker: BrokerConfig) -> LogCo
         return int(table_configs.get(name, TOPIC_CONFIGS[name].default))
 
     retention_ms, retention_bytes = get("retention.ms"), get("retention.bytes")
-    remote = config_flag(table_configs.get("remote.storage.enable", broker_topic_defaults(broker).get(
-        "remote.storage.enable", TOPIC_CONFIGS["remote.storage.enable"].default)))
+    policies = cleanup_policies(table_configs.get("cleanup.policy", TOPIC_CONFIGS["cleanup.policy"].default))
+    remote = "compact" not in policies and config_flag(table_configs.get(
+        "remote.storage.enable", broker_topic_defaults(broker).get(
+            "remote.storage.enable", TOPIC_CONFIGS["remote.storage.enable"].default)))
     if remote:
         # The local tablet keeps copies for local.retention.*; retention.* covers the whole
         # log and is enforced on the remote log by the remote log manager.
         local_ms, local_bytes = get("local.retention.ms"), get("local.retention.bytes")
         retention_ms = retention_ms if local_ms == -2 else local_ms
         retention_bytes = retention_bytes if local_bytes == -2 else local_bytes
-    policies = cleanup_policies(table_configs.get("cleanup.policy", TOPIC_CONFIGS["cleanup.policy"].default))
     segment_ms = get("segment.ms")
     if "compact" in policies:
         # A record must become cleanable within max.compaction.lag.ms: the active segment rolls by then.
@@ -476,6 +478,9 @@ class TableManager:
         clean = validate_topic_configs(overrides)
         check_alterable(table.configs, clean)
         check_flush_configs(clean, self.config)
+        if table.remote_storage_enabled and "compact" in cleanup_policies(clean.get("cleanup.policy", "delete")):
+            raise InvalidConfigError(f"Table {name} tiers its segments to remote storage: it cannot become "
+                                     f"compacted (remote log storage is not supported for compacted topics)")
         if validate_only:
             return table
         await self._off_loop(self._store_configs, name, clean)

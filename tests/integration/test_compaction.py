@@ -236,3 +236,28 @@ def test_typed_json_table_compaction_with_tombstones(broker, topic_name):
         k: [(o, None if v is None else de(v, ctx))] for k, [(o, v)] in after.items()}
     assert sum(1 for [(_, v)] in after.values() if v is None) == 10
     assert all(de(v, ctx)["state"] == "s3" for [(_, v)] in after.values() if v is not None)
+
+
+def test_compacted_tables_stay_local_with_remote_storage_on_by_default(fresh_broker, topic_name):
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import ConfigResource
+
+    broker = fresh_broker("--remote-storage-enable", "true", "--log-cleaner-backoff-ms", "3600000")
+    create_compacted(broker.bootstrap, topic_name)
+    client = flight.connect(broker.flight_url)
+    try:
+        status = json.loads(list(client.do_action(flight.Action(
+            "status", json.dumps({"name": topic_name}).encode())))[0].body.to_pybytes())
+    finally:
+        client.close()
+    assert "remote_storage_enabled" in json.dumps(status) and '"remote_storage_enabled": true' not in json.dumps(status)
+    # A table that tiers cannot become compacted; an explicit remote.storage.enable is refused too.
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name + "-r", 1, 1)])[topic_name + "-r"].result(15)
+    change = ConfigResource(ConfigResource.Type.TOPIC, topic_name + "-r", set_config={"cleanup.policy": "compact"})
+    with pytest.raises(KafkaException) as info:
+        list(admin.alter_configs([change]).values())[0].result(15)
+    assert info.value.args[0].name() == "INVALID_CONFIG"
+    with pytest.raises(KafkaException) as info:
+        create_compacted(broker.bootstrap, topic_name + "-x", **{"remote.storage.enable": "true"})
+    assert info.value.args[0].name() == "INVALID_CONFIG"
