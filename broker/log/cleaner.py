@@ -39,6 +39,7 @@ from fluvial.broker.log.segment import DATA_SUFFIX, LogSegment, _sync
 from fluvial.broker.log.segment_format import encode_batch
 from fluvial.broker.log.statistics import compute_stats, stats_columns
 from fluvial.broker.log.tablet import CLEANED_SUFFIX, SWAP_SUFFIX, LogTablet
+from fluvial.progress import ProgressLog
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +316,10 @@ def clean(tablet: LogTablet, config: CompactionConfig, *, now_ms: int | None = N
         segments = segments[:covered]
         with_stats = tablet.config.batch_statistics
         rewritten = records_before = records_after = tombstones = bytes_before = bytes_after = 0
-        for segment in segments:
+        # A pass over a large log takes a while: say how far it is (at most every 2 s).
+        progress = ProgressLog(log, f"cleaning {tablet.directory.name}", len(segments), "segments")
+        for done, segment in enumerate(segments):
+            progress.update(done)
             before = segment.state.size
             bytes_before += before
             count = sum(h.meta.record_count for h in segment.headers_from(len(segment.schema_message), segment.state))
