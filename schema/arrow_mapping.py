@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -357,7 +358,7 @@ JSON_ARROW_TYPE = "x-arrow-type"
 _JSON_KEEPS = {
     "integer": lambda t: pa.types.is_integer(t),
     "number": lambda t: pa.types.is_float32(t) or pa.types.is_float64(t),
-    "string": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+    "string": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_timestamp(t),
 }
 
 
@@ -366,12 +367,30 @@ def _kept_arrow_type(node: dict, json_type: str) -> pa.DataType | None:
     text = node.get(JSON_ARROW_TYPE) if isinstance(node, dict) else None
     if not isinstance(text, str):
         return None
-    try:
-        t = pa.type_for_alias(text)
-    except (ValueError, KeyError):
+    t = _arrow_type_of(text)
+    if t is None:
         return None  # a type recorded by a newer writer, or one JSON values cannot hold
+    if pa.types.is_timestamp(t) and node.get("format") != "date-time":
+        return None
     keeps = _JSON_KEEPS.get(json_type)
     return t if keeps is not None and keeps(t) else None
+
+
+_TIMESTAMP_TEXT = re.compile(r"timestamp\[(s|ms|us|ns)(?:, tz=([^\]]+))?\]")
+
+
+def _arrow_type_of(text: str) -> pa.DataType | None:
+    """An Arrow type from its `str()` (the simple types and timestamps)."""
+    m = _TIMESTAMP_TEXT.fullmatch(text)
+    if m:
+        try:
+            return pa.timestamp(m.group(1), tz=m.group(2))
+        except (ValueError, pa.ArrowInvalid):
+            return None
+    try:
+        return pa.type_for_alias(text)
+    except (ValueError, KeyError):
+        return None
 
 
 def _json_default_type(node: dict) -> pa.DataType | None:

@@ -407,7 +407,10 @@ class JsonValueCodec(_SubjectCodec):
         n = len(cols)
         if n == 0:
             return pa.array([], pa.binary())
-        table = pa.Table.from_arrays(cols.flatten(), schema=pa.schema(list(cols.type)))
+        flat = cols.flatten()
+        if _has_timestamp(cols.type):
+            flat = [_as_json_texts(c) for c in flat]
+        table = pa.Table.from_arrays(flat, names=[f.name for f in cols.type])
         # Imported on first use: polars costs about 0.3 s of every broker start otherwise.
         import polars as pl
 
@@ -450,9 +453,10 @@ def _json_lines(data: np.ndarray, start: np.ndarray, length: np.ndarray) -> byte
 
 
 def _json_read_field(f: pa.Field) -> pa.Field:
-    """The type the JSON reader produces for a column (dates are read as text, then cast)."""
+    """The type the JSON reader produces for a column (dates and date-times are read as
+    text, then cast)."""
     t = f.type
-    if pa.types.is_date32(t):
+    if pa.types.is_date32(t) or pa.types.is_timestamp(t):
         return pa.field(f.name, pa.string(), True)
     if pa.types.is_struct(t):
         return pa.field(f.name, pa.struct([_json_read_field(c) for c in t]), True)
@@ -464,7 +468,7 @@ def _json_read_field(f: pa.Field) -> pa.Field:
 
 
 def _has_date(t: pa.DataType) -> bool:
-    if pa.types.is_date32(t):
+    if pa.types.is_date32(t) or pa.types.is_timestamp(t):
         return True
     if pa.types.is_struct(t):
         return any(_has_date(f.type) for f in t)
@@ -475,6 +479,19 @@ def _cast_json(arr: pa.Array, f: pa.Field, errors: DecodeErrors, rows: np.ndarra
     """The reader's columns in the table's types: date texts become dates (records with
     other texts are refused), struct and list types take the table's nullability."""
     t = f.type
+    if pa.types.is_timestamp(t):
+        try:
+            return pc.cast(arr, t)
+        except pa.ArrowInvalid:
+            form = ("RFC 3339 with an offset, e.g. 2026-01-31T12:00:00.250Z" if t.tz else
+                    "without an offset, e.g. 2026-01-31T12:00:00.250")
+            what = f"field {path!r}: not a date-time of {t} ({form}, at most {_UNIT_DIGITS[t.unit]} fraction digits)"
+            if rows.size == len(arr):
+                ok = _parses(arr, t)
+                errors.add(rows[~ok], what)
+            else:
+                errors.add(np.arange(errors.first.size), what)
+            return pa.nulls(len(arr), t)
     if pa.types.is_date32(t):
         try:
             return pc.cast(arr, pa.date32())
@@ -497,6 +514,54 @@ def _cast_json(arr: pa.Array, f: pa.Field, errors: DecodeErrors, rows: np.ndarra
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
         return pa.ListArray.from_arrays(offsets, values, type=t, mask=arr.is_null() if arr.null_count else None)
     return arr if arr.type == t else arr.cast(t)
+
+
+_UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+
+
+def _parses(arr: pa.Array, t: pa.DataType) -> np.ndarray:
+    """Which texts parse as `t` (nulls count as fine: the required check names them)."""
+    ok = np.ones(len(arr), bool)
+    for i, text in enumerate(arr.to_pylist()):  # error path only
+        if text is not None:
+            try:
+                pc.cast(pa.array([text]), t)
+            except pa.ArrowInvalid:
+                ok[i] = False
+    return ok
+
+
+def _as_json_texts(arr: pa.Array) -> pa.Array:
+    """Date-time columns (also inside structs and lists) as the RFC 3339 texts JSON values
+    carry: UTC with `Z` for zoned timestamps, no offset for local ones."""
+    t = arr.type
+    if pa.types.is_timestamp(t):
+        if t.tz:
+            return pc.strftime(arr.cast(pa.timestamp(t.unit, tz="UTC")), format="%Y-%m-%dT%H:%M:%SZ")
+        return pc.strftime(arr, format="%Y-%m-%dT%H:%M:%S")
+    if pa.types.is_struct(t) and _has_timestamp(t):
+        children = [_as_json_texts(_struct_field(arr, i)) for i in range(t.num_fields)]
+        fields = [pa.field(t.field(i).name, c.type, t.field(i).nullable) for i, c in enumerate(children)]
+        return pa.StructArray.from_arrays(children, fields=fields, mask=arr.is_null() if arr.null_count else None)
+    if pa.types.is_list(t) and _has_timestamp(t.value_type):
+        values = _as_json_texts(arr.flatten())
+        lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        return pa.ListArray.from_arrays(offsets, values, mask=arr.is_null() if arr.null_count else None)
+    return arr
+
+
+def _has_timestamp(t: pa.DataType) -> bool:
+    if pa.types.is_timestamp(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_has_timestamp(f.type) for f in t)
+    return pa.types.is_list(t) and _has_timestamp(t.value_type)
+
+
+def _struct_field(arr: pa.StructArray, i: int) -> pa.Array:
+    child = arr.field(i)
+    return child.slice(arr.offset, len(arr)) if len(child) != len(arr) else child
 
 
 def _date_texts(arr: pa.Array) -> np.ndarray:

@@ -2,6 +2,7 @@
 too (its JSON Schema records the Arrow type), and `fluvial table describe` shows them."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pyarrow as pa
@@ -30,6 +31,38 @@ def plain(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.remove_metadata() for f in schema])
 
 
+def test_json_tables_keep_timestamps(broker, topic_name):
+    """Date-times travel as RFC 3339 text: zoned columns as UTC with Z, local ones without an
+    offset; texts that do not parse as the column's type are refused per record."""
+    schema = pa.schema([pa.field("id", pa.int64(), False), ("at", pa.timestamp("ms", tz="UTC")),
+                        ("local", pa.timestamp("us")), ("seen", pa.list_(pa.timestamp("s", tz="UTC")))])
+    when = dt.datetime(2026, 1, 31, 12, 0, 0, 250000, tzinfo=dt.timezone.utc)
+    with fc.connect(broker.flight_url) as client:
+        t = client.create_table(topic_name, schema, kafka_format="json")
+        assert plain(t.schema).equals(schema)
+        t.append(pa.Table.from_pylist([{"id": 1, "at": when, "local": dt.datetime(2026, 1, 31, 13, 0, 0, 123456),
+                                        "seen": [when.replace(microsecond=0)]}], schema=schema))
+        assert produce(broker.bootstrap, topic_name, [
+            {"id": 2, "at": "2026-01-31T13:00:00.250+01:00", "local": "2026-01-31T13:00:00", "seen": []}]) == [None]
+        for bad in ({"at": "yesterday"}, {"at": "2026-01-31T12:00:00"}, {"local": "2026-01-31T12:00:00Z"},
+                    {"at": "2026-01-31T12:00:00.250001Z"}):
+            errors = produce(broker.bootstrap, topic_name, [{"id": 3, "at": None, "local": None, "seen": None, **bad}])
+            assert errors[0] is not None and errors[0].name() == "INVALID_RECORD", bad
+        got = t.scan().to_arrow()
+        assert got.schema.equals(schema) and got.column("id").to_pylist() == [1, 2]
+        assert got.column("at").to_pylist() == [when, when]
+        from confluent_kafka import Consumer, TopicPartition
+
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": topic_name, "enable.auto.commit": False})
+        c.assign([TopicPartition(topic_name, 0, 0)])
+        msgs: list = []
+        while len(msgs) < 2:
+            msgs += [m for m in c.consume(10, timeout=5) if m.error() is None]
+        c.close()
+        assert json.loads(msgs[0].value()) == {"id": 1, "at": "2026-01-31T12:00:00.250Z",
+                                               "local": "2026-01-31T13:00:00.123456", "seen": ["2026-01-31T12:00:00Z"]}
+
+
 def test_json_tables_keep_narrow_and_unsigned_types(broker, topic_name):
     with fc.connect(broker.flight_url) as client:
         t = client.create_table(topic_name, NARROW, kafka_format="json")
@@ -52,7 +85,7 @@ def test_cli_create_keeps_int_and_describe_shows_what_is_stored(broker, topic_na
     for fmt in ("json", "avro"):
         name = f"{topic_name}-{fmt}"
         made = fluvial("table", "create", name, "--column", "id:long!", "--column", "score:int",
-                       "--column", "at:timestamp", "--kafka-format", fmt, *url)
+                       "--column", "at:timestamp", "--column", "blob:bytes", "--kafka-format", fmt, *url)
         assert made.returncode == 0, made.stderr
         with fc.connect(broker.flight_url) as client:
             stored = {f.name: f.type for f in client.describe(name).schema}
@@ -61,12 +94,13 @@ def test_cli_create_keeps_int_and_describe_shows_what_is_stored(broker, topic_na
         cells = [[c.strip() for c in line.split("|")] for line in lines if "|" in line]
         score = next(c for c in cells if c[1] == "score")
         assert score[2:] == ["int32", "True", "integer (int32)" if fmt == "json" else "int"]
+        assert stored["at"] == pa.timestamp("ms", tz="UTC")
         if fmt == "json":
-            # JSON values carry timestamps as text: the table says so when it is created.
-            assert stored["at"] == pa.string()
-            assert "column 'at' is stored as string" in made.stderr
+            # JSON values carry bytes as base64 text, kept as text: the table says so when it is created.
+            assert stored["blob"] == pa.string()
+            assert "column 'blob' is stored as string" in made.stderr and "'at'" not in made.stderr
         else:
-            assert stored["at"] == pa.timestamp("ms", tz="UTC") and "stored as" not in made.stderr
+            assert stored["blob"] == pa.binary() and "stored as" not in made.stderr
 
 
 def test_avro_tables_keep_narrow_and_unsigned_types(broker, topic_name):
