@@ -8,7 +8,9 @@
    (`--baseline-python`, a Python whose `fluvial` is that checkout) and by this one,
    rounds alternating so that load changes hit both alike. Median of the rounds.
 3. Duration of one `/metrics` scrape of a broker with many buckets (200 tables x 4
-   buckets) and one consumer group per table, and the size of the exposition.
+   buckets) and one consumer group committed on all of them, the size of the exposition,
+   and the event loop's timer lag while the scrapes ran (`--scrape-only`: this part alone,
+   into results/metrics-scrape.json).
 
 Run: `python benchmarks/bench_metrics_overhead.py [--baseline-python PATH --baseline-checkout DIR]
 [--rounds 3] [--requests 800]`. Results: benchmarks/results/metrics-overhead.json.
@@ -79,7 +81,7 @@ def small_requests(python: str, checkout: Path, requests: int, flush: str) -> fl
     return next(iter(figures.values()))["median_broker_cpu_us_per_request"]
 
 
-def scrape_cost(tables: int = 200, buckets: int = 4) -> dict:
+def scrape_cost(tables: int = 200, buckets: int = 4, scrapes: int = 15) -> dict:
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -95,16 +97,46 @@ def scrape_cost(tables: int = 200, buckets: int = 4) -> dict:
             for n in names:  # one committed offset per bucket: the group's lag per partition
                 c.commit(offsets=[TopicPartition(n, b, 0) for b in range(buckets)], asynchronous=False)
             c.close()
-            times, size = [], 0
-            for _ in range(7):
+            # The same time without scrapes first: the loop's lag on this machine at this load.
+            def lag_text() -> str:
+                with urllib.request.urlopen(f"{broker.http_url}/metrics", timeout=60) as r:
+                    return r.read().decode()
+            quiet_start = lag_text()
+            time.sleep(6.0)
+            quiet_end = lag_text()
+            times, size, texts = [], 0, []
+            for _ in range(scrapes):
                 t0 = time.perf_counter()
                 with urllib.request.urlopen(f"{broker.http_url}/metrics", timeout=60) as r:
-                    size = len(r.read())
+                    texts.append(r.read().decode())
+                    size = len(texts[-1])
                 times.append((time.perf_counter() - t0) * 1000)
         finally:
             broker.stop()
-    return {"tables": tables, "buckets_per_table": buckets, "median_scrape_ms": round(statistics.median(times), 1),
-            "exposition_bytes": size}
+    # The event loop's timer lag while scrapes ran (the scrape thread shares the GIL with it),
+    # against 6 s without scrapes just before: probes, the bucket of the worst, probes over 50 ms.
+    during = _lag_between(texts[0], texts[-1])
+    quiet = _lag_between(quiet_start, quiet_end)
+    return {"tables": tables, "buckets_per_table": buckets, "scrapes": scrapes,
+            "median_scrape_ms": round(statistics.median(times), 1), "exposition_bytes": size,
+            "loop_lag_during_scrapes": during, "loop_lag_without_scrapes": quiet}
+
+
+def _lag_between(before: str, after: str) -> dict:
+    first, last = _loop_lag_buckets(before), _loop_lag_buckets(after)
+    bounds = sorted((float(le), last[le] - first.get(le, 0)) for le in last)
+    total = bounds[-1][1] if bounds else 0
+    worst = next((le for le, n in bounds if n == total), None)
+    return {"probes": total, "worst_bucket_s": worst,
+            "over_50ms": total - next((n for le, n in bounds if le >= 0.05), total)}
+
+
+def _loop_lag_buckets(text: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+    for family in text_string_to_metric_families(text):
+        if family.name == "fluvial_event_loop_lag_seconds":
+            return {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    return {}
 
 
 def main() -> None:
@@ -115,7 +147,16 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=800, help="per connection (16 connections)")
     p.add_argument("--flush", default="none", help="flush policy of the small-requests rounds")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "metrics-overhead.json")
+    p.add_argument("--scrape-only", action="store_true",
+                   help="only the scrape of many buckets, into results/metrics-scrape.json")
     args = p.parse_args()
+    if args.scrape_only:
+        result = {"workload": "metrics-scrape", "machine": machine.describe(), "loadavg_start": os.getloadavg(),
+                  "scrape": scrape_cost(), "loadavg_end": os.getloadavg()}
+        out = args.out.parent / "metrics-scrape.json"
+        out.write_text(json.dumps(result, indent=1))
+        print(json.dumps(result["scrape"]))
+        return
     result: dict = {"workload": "metrics-overhead", "machine": machine.describe(), "loadavg_start": os.getloadavg()}
     result["instrumentation"] = instrumentation_ns()
     print(json.dumps(result["instrumentation"]), flush=True)
