@@ -14,7 +14,7 @@ Kafka's compacted batches.
 
 Crash safety: the cleaned copy of a segment is written as `<segment>.arrows.cleaned`,
 fsynced, renamed to `.swap` (the directory fsynced: the commit point) and only then
-renamed over the segment (`LogTablet.replace_segment`). A crash before the rename to
+renamed over the segment (`LogTablet.replace_segments`). A crash before the rename to
 `.swap` leaves the original; after it, opening the tablet finishes the swap. Either way
 every record the segment held that compaction would keep is still there.
 
@@ -173,14 +173,30 @@ def _tombstones(batch: pa.RecordBatch) -> np.ndarray:
     return (batch.column("_change").to_numpy(zero_copy_only=False) == CHANGE_DELETE)
 
 
+@dataclass
+class _Cleaned:
+    """One segment after cleaning: its kept batches (spans not yet stretched over gaps)."""
+
+    segment: LogSegment
+    kept: list[tuple[BatchMeta, pa.RecordBatch]]
+    last: tuple[BatchMeta, pa.RecordBatch]  # the segment's last batch (the shape of an empty one)
+    changed: bool
+    removed: int
+    expired: int
+
+    @property
+    def size(self) -> int:
+        return sum(b.nbytes for _, b in self.kept) + 512 * len(self.kept)
+
+
 def _clean_segment(segment: LogSegment, map_keys: pa.Array, map_offsets: np.ndarray, config: CompactionConfig,
-                   now_ms: int, with_stats: bool) -> tuple[list[tuple[BatchMeta, pa.RecordBatch]], int, int] | None:
-    """The segment's batches after cleaning (gaps covered), the records removed and the
-    tombstones removed; None when cleaning changes nothing."""
+                   now_ms: int) -> _Cleaned:
+    """The segment's batches after cleaning, the records and tombstones removed."""
     batches = _read_all(segment)
     data = [(m, b) for m, b in batches if b.num_rows and not m.attributes & ATTR_CONTROL]
     if not data:
-        return None
+        kept = [(m, b) for m, b in batches if b.num_rows or m.attributes & ATTR_CONTROL]
+        return _Cleaned(segment, kept, batches[-1], False, 0, 0)
     keys = pa.chunked_array([b.column("_key") for _, b in data], pa.binary()).combine_chunks()
     offsets = np.concatenate([b.column("_offset").to_numpy(zero_copy_only=False) for _, b in data])
     where = pc.index_in(keys, value_set=map_keys).fill_null(-1).to_numpy(zero_copy_only=False)
@@ -195,7 +211,8 @@ def _clean_segment(segment: LogSegment, map_keys: pa.Array, map_offsets: np.ndar
     keep &= ~expired
     new_horizon = now_ms + config.delete_retention_ms
     if keep.all() and not (tomb & (horizons < 0)).any():
-        return None
+        return _Cleaned(segment, [(m, b) for m, b in batches if b.num_rows or m.attributes & ATTR_CONTROL],
+                        batches[-1], False, 0, 0)
     out: list[tuple[BatchMeta, pa.RecordBatch]] = []
     position = 0
     data_ids = {id(b) for _, b in data}
@@ -217,26 +234,23 @@ def _clean_segment(segment: LogSegment, map_keys: pa.Array, map_offsets: np.ndar
             meta.base_offset, meta.last_offset_delta, kept, meta.base_timestamp, meta.max_timestamp,
             meta.producer_id, meta.producer_epoch, meta.base_sequence, meta.attributes,
             meta.partition_leader_epoch, meta.schema_id, produced if kept != produced else -1, horizon), rows))
-    out = _cover_gaps(out, segment, batches)
-    removed = int((~keep).sum())
-    return out, removed, int(expired.sum())
+    return _Cleaned(segment, out, batches[-1], True, int((~keep).sum()), int(expired.sum()))
 
 
-def _cover_gaps(kept: list[tuple[BatchMeta, pa.RecordBatch]], segment: LogSegment,
-                original: list[tuple[BatchMeta, pa.RecordBatch]]) -> list[tuple[BatchMeta, pa.RecordBatch]]:
+def _cover_gaps(kept: list[tuple[BatchMeta, pa.RecordBatch]], base: int, end: int,
+                last: tuple[BatchMeta, pa.RecordBatch]) -> list[tuple[BatchMeta, pa.RecordBatch]]:
     """Stretch the kept batches' spans over the removed ones: each starts where the previous
-    ends, the first at the segment's base and the last ends at the segment's end, so the
-    segment's offsets stay contiguous batch after batch. A segment left without records
-    keeps one empty batch spanning it."""
-    end = segment.state.next_offset
+    ends, the first at ``base`` (the output segment's) and the last ends at ``end``, so the
+    offsets stay contiguous batch after batch. An output left without records keeps one
+    empty batch spanning it (shaped like ``last``)."""
     if not kept:
-        meta, batch = original[-1]
-        return [(BatchMeta(segment.base_offset, end - 1 - segment.base_offset, 0, meta.base_timestamp,
+        meta, batch = last
+        return [(BatchMeta(base, end - 1 - base, 0, meta.base_timestamp,
                            meta.max_timestamp, attributes=meta.attributes & ~ATTR_CONTROL,
                            partition_leader_epoch=meta.partition_leader_epoch, schema_id=meta.schema_id),
                  batch.slice(0, 0))]
     out = []
-    start = segment.base_offset
+    start = base
     for i, (meta, batch) in enumerate(kept):
         last = end - 1 if i == len(kept) - 1 else meta.last_offset
         if start != meta.base_offset or last != meta.last_offset:
@@ -249,9 +263,10 @@ def _cover_gaps(kept: list[tuple[BatchMeta, pa.RecordBatch]], segment: LogSegmen
     return out
 
 
-def _write_cleaned(tablet: LogTablet, segment: LogSegment, batches: list[tuple[BatchMeta, pa.RecordBatch]],
+def _write_cleaned(tablet: LogTablet, segment: LogSegment, end: int, batches: list[tuple[BatchMeta, pa.RecordBatch]],
                    with_stats: bool) -> tuple[LogSegment, Path, tuple[Path, Path]]:
-    """Write the cleaned copy, fsync it and rename it to `.swap` (the commit point)."""
+    """Write the cleaned copy of the segments from ``segment`` up to ``end`` (named as
+    ``segment``), fsync it and rename it to `.swap` (the commit point)."""
     directory = tablet.directory
     data_path = segment.data_path
     cleaned_path = data_path.with_name(data_path.name + CLEANED_SUFFIX)
@@ -292,9 +307,8 @@ def _write_cleaned(tablet: LogTablet, segment: LogSegment, batches: list[tuple[B
     if not copy._load_schema():
         raise ValueError(f"cleaned copy of {data_path} is unreadable")
     copy.recover()
-    if copy.state.next_offset != segment.state.next_offset:
-        raise ValueError(f"cleaned copy of {data_path} ends at {copy.state.next_offset}, "
-                         f"not {segment.state.next_offset}")
+    if copy.state.next_offset != end:
+        raise ValueError(f"cleaned copy of {data_path} ends at {copy.state.next_offset}, not {end}")
     copy.pin_mapping()
     return copy, swap_path, index_paths
 
@@ -315,30 +329,52 @@ def clean(tablet: LogTablet, config: CompactionConfig, *, now_ms: int | None = N
         map_keys, map_offsets, covered = _latest_offsets(list(segments), first_dirty, config.dedupe_buffer_bytes)
         segments = segments[:covered]
         with_stats = tablet.config.batch_statistics
-        rewritten = records_before = records_after = tombstones = bytes_before = bytes_after = 0
+        totals = {"rewritten": 0, "records_before": 0, "records_after": 0, "tombstones": 0, "bytes_before": 0,
+                  "bytes_after": 0}
+
+        def write(group: list[_Cleaned]) -> None:
+            olds = tuple(c.segment for c in group)
+            before = sum(s.state.size for s in olds)
+            count = sum(h.meta.record_count for s in olds for h in s.headers_from(len(s.schema_message), s.state))
+            totals["bytes_before"] += before
+            totals["records_before"] += count
+            if len(group) == 1 and not group[0].changed:
+                totals["records_after"] += count
+                totals["bytes_after"] += before
+                return
+            first, end = olds[0], olds[-1].state.next_offset
+            batches = _cover_gaps([kb for c in group for kb in c.kept], first.base_offset, end, group[-1].last)
+            copy, swap_path, index_paths = _write_cleaned(tablet, first, end, batches, with_stats)
+            if tablet.replace_segments(olds, copy, swap_path, index_paths):
+                totals["rewritten"] += 1
+                totals["records_after"] += count - sum(c.removed for c in group)
+                totals["tombstones"] += sum(c.expired for c in group)
+                totals["bytes_after"] += copy.state.size
+            else:
+                totals["records_after"] += count
+                totals["bytes_after"] += before
+
         # A pass over a large log takes a while: say how far it is (at most every 2 s).
         progress = ProgressLog(log, f"cleaning {tablet.directory.name}", len(segments), "segments")
+        # Consecutive cleaned segments of one schema are merged while the result stays under
+        # segment.bytes (as Kafka's cleaner groups them), so compaction leaves no trail of tiny
+        # segments; one group at a time is held in memory.
+        group: list[_Cleaned] = []
+        size = 0
         for done, segment in enumerate(segments):
             progress.update(done)
-            before = segment.state.size
-            bytes_before += before
-            count = sum(h.meta.record_count for h in segment.headers_from(len(segment.schema_message), segment.state))
-            records_before += count
-            result = _clean_segment(segment, map_keys, map_offsets, config, now, with_stats)
-            if result is None:
-                records_after += count
-                bytes_after += before
-                continue
-            batches, removed, expired = result
-            copy, swap_path, index_paths = _write_cleaned(tablet, segment, batches, with_stats)
-            if tablet.replace_segment(segment, copy, swap_path, index_paths):
-                rewritten += 1
-                records_after += count - removed
-                tombstones += expired
-                bytes_after += copy.state.size
-            else:
-                records_after += count
-                bytes_after += before
+            c = _clean_segment(segment, map_keys, map_offsets, config, now)
+            if group and (c.segment.schema_message != group[0].segment.schema_message
+                          or size + c.size > tablet.config.segment_bytes):
+                write(group)
+                group, size = [], 0
+            group.append(c)
+            size += c.size
+        if group:
+            write(group)
+        rewritten, records_before, records_after, tombstones, bytes_before, bytes_after = (
+            totals["rewritten"], totals["records_before"], totals["records_after"], totals["tombstones"],
+            totals["bytes_before"], totals["bytes_after"])
         end = segments[-1].state.next_offset
         tablet.cleaner_checkpoint.write(end)
         result = CleaningResult(len(segments), rewritten, records_before, records_after, tombstones,

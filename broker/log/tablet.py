@@ -192,13 +192,27 @@ class LogTablet:
         for swap in sorted(self.directory.glob("*" + DATA_SUFFIX + SWAP_SUFFIX)):
             base = swap.name[: -len(DATA_SUFFIX + SWAP_SUFFIX)]
             target = self.directory / (base + DATA_SUFFIX)
-            if target.exists():
-                for suffix in (OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-                    (self.directory / (base + suffix)).unlink(missing_ok=True)
-                os.replace(swap, target)
-            else:
-                swap.unlink()
             changed = True
+            if not target.exists() or not base.isdigit():
+                swap.unlink()
+                continue
+            # The copy may stand for several segments (merged): those up to its end go.
+            copy = LogSegment(self.directory, int(base), self.config.index_interval_bytes)
+            copy.data_path = swap
+            copy.offset_index.path = swap.with_name(base + OFFSET_INDEX_SUFFIX + SWAP_SUFFIX)
+            copy.time_index.path = swap.with_name(base + TIME_INDEX_SUFFIX + SWAP_SUFFIX)
+            if not copy._load_schema():
+                swap.unlink()
+                continue
+            copy.recover()
+            end = copy.state.next_offset
+            copy.close_for_append()
+            for path in self.directory.glob("*" + DATA_SUFFIX):
+                if path.stem.isdigit() and int(base) < int(path.stem) < end:
+                    self._remove_segment_files(int(path.stem))
+            for suffix in (OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                (self.directory / (base + suffix)).unlink(missing_ok=True)
+            os.replace(swap, target)
         for pattern in ("*" + CLEANED_SUFFIX, "*" + SWAP_SUFFIX):
             for leftover in self.directory.glob(pattern):
                 leftover.unlink()
@@ -419,30 +433,38 @@ class LogTablet:
             visible = self.high_watermark
         return tuple(s for s in closed if s.state.next_offset <= visible)
 
-    def replace_segment(self, old: LogSegment, cleaned: LogSegment, swap_path: Path,
-                        swap_indexes: tuple[Path, Path]) -> bool:
-        """Install a cleaned copy of ``old`` (covering the same offsets), written and fsynced at
-        ``swap_path``. False (and the copy removed) when ``old`` left the log meanwhile
-        (retention, DeleteRecords)."""
-        # Readers holding an older view go on reading the old file through its mapping.
-        old.pin_mapping()
+    def replace_segments(self, olds: tuple[LogSegment, ...], cleaned: LogSegment, swap_path: Path,
+                         swap_indexes: tuple[Path, Path]) -> bool:
+        """Install a cleaned copy of the consecutive segments ``olds`` (covering the same
+        offsets, named as the first), written and fsynced at ``swap_path``. False (and the
+        copy removed) when one of them left the log meanwhile (retention, DeleteRecords)."""
+        # Readers holding an older view go on reading the old files through their mappings.
+        for old in olds:
+            old.pin_mapping()
+        first = olds[0]
         with self._write_lock:
-            old.close_for_append()  # the segment last active before a roll() may still hold it
             segments = self._view.segments
-            if old not in segments or self._closed:
+            at = next((i for i, s in enumerate(segments) if s is first), None)
+            if at is None or segments[at:at + len(olds)] != olds or self._closed:
                 for path in (swap_path, *swap_indexes):
                     path.unlink(missing_ok=True)
                 return False
-            for path in (old.offset_index.path, old.time_index.path):
-                path.unlink(missing_ok=True)
-            os.replace(swap_path, old.data_path)
-            cleaned.data_path = old.data_path
-            for index, path, target in ((cleaned.offset_index, swap_indexes[0], old.offset_index.path),
-                                        (cleaned.time_index, swap_indexes[1], old.time_index.path)):
+            for old in olds:
+                old.close_for_append()  # the segment last active before a roll() may still hold it
+                for path in (old.offset_index.path, old.time_index.path):
+                    path.unlink(missing_ok=True)
+            # A crash from here on is finished on open: the `.swap` file covers these segments.
+            for old in olds[1:]:
+                old.data_path.unlink(missing_ok=True)
+            os.replace(swap_path, first.data_path)
+            cleaned.data_path = first.data_path
+            for index, path, target in ((cleaned.offset_index, swap_indexes[0], first.offset_index.path),
+                                        (cleaned.time_index, swap_indexes[1], first.time_index.path)):
                 os.replace(path, target)
                 index.path = target
-            old.deleted = True
-            self._view = _SegmentList.of(tuple(cleaned if s is old else s for s in segments))
+            for old in olds:
+                old.deleted = True
+            self._view = _SegmentList.of(segments[:at] + (cleaned,) + segments[at + len(olds):])
         fsync_directory(self.directory)
         return True
 

@@ -115,7 +115,7 @@ def test_dirty_ratio_and_min_compaction_lag(tmp_path):
     assert not needs_cleaning(tablet, CompactionConfig(min_cleanable_dirty_ratio=0.01), 20_000)
 
 
-@pytest.mark.parametrize("stage", ["cleaned", "swap"])
+@pytest.mark.parametrize("stage", ["cleaned", "swap", "swap-half-done"])
 def test_a_crash_during_the_swap_loses_nothing(tmp_path, stage):
     tablet = open_tablet(tmp_path)
     latest = fill(tablet)
@@ -133,15 +133,19 @@ def test_a_crash_during_the_swap_loses_nothing(tmp_path, stage):
     other.close()
     first = sorted(p.name for p in tmp_path.glob("*.arrows"))[0]
     cleaned = (copy_dir / first).read_bytes()
-    target = tmp_path / (first + "." + stage)
-    target.write_bytes(cleaned if stage == "swap" else cleaned[: len(cleaned) // 2])
+    target = tmp_path / (first + "." + stage.split("-")[0])
+    target.write_bytes(cleaned if stage.startswith("swap") else cleaned[: len(cleaned) // 2])
+    if stage == "swap-half-done":
+        # Killed while the merged segments were being removed: the second one is gone already.
+        second = sorted(p.name for p in tmp_path.glob("*.arrows"))[1]
+        (tmp_path / second).unlink()
     reopened = open_tablet(tmp_path)
     got = records(reopened)
     assert {k: v for _, k, v in got} == latest
     if stage == "cleaned":
         assert got == before  # an unfinished copy is dropped
     else:
-        assert len(got) < len(before)  # the committed copy replaced the segment
+        assert len(got) < len(before)  # the committed copy replaced the segments it covers
         assert set(got) <= set(before)
     assert not list(tmp_path.glob("*.cleaned")) and not list(tmp_path.glob("*.swap"))
 
@@ -153,10 +157,30 @@ def test_a_small_dedupe_buffer_cleans_in_several_passes(tmp_path):
     segments = len(tablet.segment_infos())
     config = CompactionConfig(dedupe_buffer_bytes=1)  # one dirty segment a pass
     passes = 0
+    checkpoints = []
     while tablet.cleaner_checkpoint.read(0) < tablet.log_end_offset:
-        result = clean(tablet, config, force=True)
+        clean(tablet, config, force=True)
         passes += 1
-        assert passes <= segments and result.segments_cleaned == passes  # one more dirty segment each time
-    assert passes == segments
+        checkpoints.append(tablet.cleaner_checkpoint.read(0))
+        assert passes <= segments
+    # One dirty segment more each pass: the dirty part is covered in as many steps.
+    assert passes == segments and checkpoints == sorted(set(checkpoints))
     assert {k: v for _, k, v in records(tablet)} == latest
     assert len(records(tablet)) == 10
+
+
+def test_small_cleaned_segments_are_merged(tmp_path):
+    tablet = open_tablet(tmp_path, segment_bytes=4000)
+    latest = fill(tablet, rounds=30)
+    tablet.roll()
+    before = len(tablet.segment_infos())
+    clean(tablet, CompactionConfig(), force=True)
+    after = tablet.segment_infos()
+    assert len(after) < before / 3
+    # Still contiguous: each segment starts where the previous one ends.
+    assert all(a.next_offset == b.base_offset for a, b in zip(after, after[1:]))
+    assert {k: v for _, k, v in records(tablet)} == latest
+    tablet.close()
+    again = open_tablet(tmp_path)
+    assert {k: v for _, k, v in records(again)} == latest
+    assert [s.base_offset for s in again.segment_infos()] == [s.base_offset for s in after]
