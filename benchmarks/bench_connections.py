@@ -16,6 +16,16 @@ nothing). Reported per system:
 Run: `python benchmarks/bench_connections.py [--producers 200] [--rate 10000] [--idle 5000]
 [--seconds 30] [--workers 4] [--systems kafka,fluvial] [--rounds 1]`. Results go to
 benchmarks/results/connections.json with the machine and the load average.
+
+`--client go` runs the load from one Go process instead (`benchmarks/loadgen/`, franz-go:
+each producer its own client and connections, acks=all, idempotent, linger 5 ms), built
+here into benchmarks/.cache/. Hundreds of librdkafka instances (several threads each) in a
+few Python processes take most of 2 cores themselves and starve the broker under test,
+whichever it is; the Go generator needs a small fraction of a core for the same load, so
+the figures measure the broker. With `--client go` the systems alternate round by round,
+each round waits (up to `--max-load-wait-s`) for the 1-minute load average to fall under
+`--max-load` and records it, and the median over the rounds is saved (default results:
+connections-go.json, or connections-go-<producers>.json for other producer counts).
 """
 from __future__ import annotations
 
@@ -24,8 +34,11 @@ import json
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import struct
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -200,6 +213,157 @@ def run_round(spec, args) -> dict:
         remove_workdir(workdir)
 
 
+LOADGEN_DIR = Path(__file__).parent / "loadgen"
+LOADGEN_BIN = Path(__file__).parent / ".cache" / "loadgen"
+
+
+def build_loadgen() -> Path:
+    """Build the Go load generator (needs Go and the module proxy, or a warm module cache)."""
+    LOADGEN_BIN.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["go", "build", "-o", str(LOADGEN_BIN), "."], cwd=LOADGEN_DIR, check=True,
+                   env={**os.environ, "CGO_ENABLED": "0"})
+    return LOADGEN_BIN
+
+
+def wait_for_quiet(max_load: float, max_wait_s: float) -> tuple[float, float, float]:
+    """Wait until the 1-minute load average is under `max_load` (at most `max_wait_s`); return it."""
+    deadline = time.monotonic() + max_wait_s
+    while os.getloadavg()[0] > max_load and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()
+
+
+class _RssPeak:
+    """Samples a process's RSS every 0.2 s in a thread, keeping the peak."""
+
+    def __init__(self, proc: psutil.Process) -> None:
+        self.proc, self.peak, self._stop = proc, proc.memory_info().rss, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                self.peak = max(self.peak, self.proc.memory_info().rss)
+            except psutil.Error:
+                return
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def run_round_go(spec, args, loadavg_before) -> dict:
+    """One round with the Go load generator against a fresh broker."""
+    workdir = make_workdir()
+    broker = start_system(spec, workdir)
+    proc = psutil.Process(broker.pid)
+    try:
+        topic = clients.unique_name("conns")
+        clients.create_topic(broker.bootstrap, topic, PARTITIONS)
+        time.sleep(1)
+        rss_start = proc.memory_info().rss
+        gen = subprocess.Popen([str(LOADGEN_BIN), "-bootstrap", broker.bootstrap, "-topic", topic,
+                                "-producers", str(args.producers), "-rate", str(args.rate),
+                                "-idle", str(args.idle), "-seconds", str(args.seconds),
+                                "-size", str(SIZE), "-linger", "5ms", "-timeout", "30s"],
+                               stdout=subprocess.PIPE, text=True)
+        gen_proc = psutil.Process(gen.pid)
+        events: dict[str, dict] = {}
+        rss: dict[str, float] = {}
+        sampler = None
+        cpu_gen = cpu_broker = None
+        t_produce = None
+        for line in gen.stdout:
+            event = json.loads(line)
+            events[event["event"]] = event
+            if event["event"] == "idle_open":
+                time.sleep(1)
+                rss["with_idle"] = proc.memory_info().rss
+            elif event["event"] == "producing":
+                rss["producers_ready"] = proc.memory_info().rss
+                sampler = _RssPeak(proc)
+                cpu_broker, cpu_gen, t_produce = proc.cpu_times(), gen_proc.cpu_times(), time.perf_counter()
+            elif event["event"] == "done":
+                break
+        produce_wall = time.perf_counter() - t_produce if t_produce else None
+        cpu_broker_after, cpu_gen_after = proc.cpu_times(), gen_proc.cpu_times()
+        rss["peak"] = sampler.stop() if sampler else proc.memory_info().rss
+        if gen.wait(120) != 0 or "done" not in events:
+            raise RuntimeError(f"load generator failed (exit {gen.returncode}) on {spec.name}")
+        rss["after"] = proc.memory_info().rss
+        done = events["done"]
+
+        def cores(before, after):
+            return round(((after.user - before.user) + (after.system - before.system)) / produce_wall, 2)
+
+        ack, conn = done["ack_ms"] or {}, done["new_connection_ms"] or {}
+        row = {
+            "client": "go (franz-go)", "producers": args.producers, "rate_rec_s": args.rate,
+            "idle_connections": args.idle, "seconds": args.seconds,
+            "sent": done["sent"], "acked": done["acked"], "timed_out": done["timed_out"],
+            "failed": done["failed"], "unanswered": done["unanswered"], "errors": done["errors"],
+            "ack_ms_p50": ack.get("p50"), "ack_ms_p99": ack.get("p99"), "ack_ms_p999": ack.get("p999"),
+            "ack_ms_max": ack.get("max"),
+            "new_connection_ms_p50": conn.get("p50"), "new_connection_ms_p99": conn.get("p99"),
+            "new_connection_ms_max": conn.get("max"), "new_connection_failures": done["new_connection_failures"],
+            "pacer_lag_ms_p99": (done["pacer_lag_ms"] or {}).get("p99"),
+            "idle_connections_opened_in_s": events["idle_open"]["seconds"],
+            "idle_closed_by_broker": done["idle_closed_by_broker"],
+            "producers_connected_in_s": events["producers_ready"]["seconds"],
+            "rss_mb_start": round(rss_start / 2**20, 1), "rss_mb_with_idle": round(rss["with_idle"] / 2**20, 1),
+            "rss_mb_producers_ready": round(rss["producers_ready"] / 2**20, 1),
+            "rss_mb_peak": round(rss["peak"] / 2**20, 1), "rss_mb_after": round(rss["after"] / 2**20, 1),
+            "broker_cores_while_producing": cores(cpu_broker, cpu_broker_after),
+            "loadgen_cores_while_producing": cores(cpu_gen, cpu_gen_after),
+            "loadavg_before": loadavg_before, "loadavg": os.getloadavg(),
+        }
+        print(f"{spec.name}: {json.dumps(row)}", flush=True)
+        return row
+    finally:
+        broker.stop()
+        remove_workdir(workdir)
+
+
+MEDIAN_KEYS = ("sent", "acked", "timed_out", "failed", "unanswered", "ack_ms_p50", "ack_ms_p99", "ack_ms_p999",
+               "ack_ms_max", "new_connection_ms_p50", "new_connection_ms_p99", "new_connection_ms_max",
+               "pacer_lag_ms_p99", "rss_mb_start", "rss_mb_with_idle", "rss_mb_producers_ready", "rss_mb_peak",
+               "rss_mb_after", "broker_cores_while_producing", "loadgen_cores_while_producing")
+
+
+def median_row(rows: list[dict]) -> dict:
+    out = {}
+    for key in MEDIAN_KEYS:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        out[key] = statistics.median(values) if values else None
+    out["loadavg_before_max"] = max(r["loadavg_before"][0] for r in rows)
+    out["loadavg_before_min"] = min(r["loadavg_before"][0] for r in rows)
+    out["rounds"] = len(rows)
+    return out
+
+
+def main_go(args) -> None:
+    build_loadgen()
+    names = args.systems.split(",")
+    figures: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            load = wait_for_quiet(args.max_load, args.max_load_wait_s)
+            print(f"round {r} {name}: load average before {load}", flush=True)
+            figures[name].append(run_round_go(SYSTEMS[name], args, load))
+    out = args.out or Path(__file__).parent / "results" / (
+        "connections-go.json" if args.producers == 200 else f"connections-go-{args.producers}.json")
+    out.parent.mkdir(exist_ok=True)
+    medians = {n: median_row(rows) for n, rows in figures.items()}
+    out.write_text(json.dumps({"workload": "many-connections", "client": "go (franz-go)",
+                               "machine": machine.describe(),
+                               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                               "median": medians, "figures": figures}, indent=1))
+    print(json.dumps(medians, indent=1))
+    print(f"saved {out}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--producers", type=int, default=200)
@@ -209,8 +373,15 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--systems", default="kafka,fluvial")
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "connections.json")
+    p.add_argument("--client", choices=("confluent", "go"), default="confluent")
+    p.add_argument("--max-load", type=float, default=4.0, help="--client go: wait for a lower load average")
+    p.add_argument("--max-load-wait-s", type=float, default=300.0)
+    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    if args.client == "go":
+        main_go(args)
+        return
+    args.out = args.out or Path(__file__).parent / "results" / "connections.json"
     figures: dict[str, list[dict]] = {}
     for name in args.systems.split(","):
         figures[name] = [run_round(SYSTEMS[name], args) for _ in range(args.rounds)]
