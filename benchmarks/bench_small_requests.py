@@ -8,16 +8,24 @@ keeping D requests in flight, send N acks=all produce requests of one 100 B reco
 requests is the figure, with the request rate reached. A broker process on an idle core
 can serve at most 1 s / (CPU per request) requests per second on its event loop.
 
-Run: `python benchmarks/bench_small_requests.py [--rounds 3] [--requests 1500] [--flush ack,none]`.
-Results: benchmarks/results/small-requests.json (median of the rounds, with the load average).
+Run: `python benchmarks/bench_small_requests.py [--rounds 3] [--requests 1500] [--flush ack,none]
+[--baseline REV]`. Results: benchmarks/results/small-requests.json (median of the rounds, with
+the load average). `--baseline REV` also runs the broker of an older commit (a detached git
+worktree under benchmarks/.cache/, compiled extensions copied from this checkout), its rounds
+alternating with this checkout's so that both see the same machine load; its figures are
+saved under "<system>@<rev>".
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import contextlib
+import glob
+import shutil
 import socket
 import statistics
+import subprocess
 import struct
 import sys
 import threading
@@ -100,30 +108,73 @@ def run_round(spec, requests_per_connection: int) -> dict:
         remove_workdir(workdir)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def baseline_checkout(rev: str) -> Path:
+    """A directory whose `fluvial` package is the checkout of `rev` (put on PYTHONPATH)."""
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    parent = ROOT / "benchmarks" / ".cache" / f"baseline-{sha}"
+    tree = parent / "fluvial"
+    if not tree.exists():
+        parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=ROOT, check=True)
+    for ext in glob.glob(str(ROOT / "**" / "*.so"), recursive=True):
+        rel = Path(ext).relative_to(ROOT)
+        if rel.parts[0] not in ("benchmarks", "build", ".cache") and (tree / rel).parent.exists():
+            shutil.copy2(ext, tree / rel)
+    return parent
+
+
+@contextlib.contextmanager
+def python_path(path: Path | None):
+    """Brokers started inside run the `fluvial` found first on `path` (None: this checkout)."""
+    old = os.environ.get("PYTHONPATH")
+    if path is not None:
+        os.environ["PYTHONPATH"] = str(path)
+    try:
+        yield
+    finally:
+        if path is not None:
+            if old is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = old
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--requests", type=int, default=1500, help="per connection")
     p.add_argument("--flush", default="ack,none")
+    p.add_argument("--baseline", default=None, help="git revision to compare with, rounds alternating")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "small-requests.json")
     args = p.parse_args()
     specs = {"ack": FLUVIAL_DEFAULT, "none": FLUVIAL_FLUSH_NONE}
+    variants: list[tuple[str, Path | None]] = [("", None)]
+    if args.baseline:
+        variants.append((f"@{args.baseline}", baseline_checkout(args.baseline)))
     figures = {}
     for flush in args.flush.split(","):
-        rounds = []
+        rounds: dict[str, list[dict]] = {suffix: [] for suffix, _ in variants}
         for r in range(args.rounds):
-            row = run_round(specs[flush], args.requests)
-            print(f"flush {flush} round {r}: {json.dumps(row)}", flush=True)
-            rounds.append(row)
-        figures[specs[flush].name] = {
-            "median_broker_cpu_us_per_request": statistics.median(x["broker_cpu_us_per_request"] for x in rounds),
-            "median_requests_per_s": statistics.median(x["requests_per_s"] for x in rounds),
-            "rounds": rounds}
+            for suffix, path in (variants if r % 2 == 0 else variants[::-1]):
+                with python_path(path):
+                    row = run_round(specs[flush], args.requests)
+                print(f"flush {flush}{suffix} round {r}: {json.dumps(row)}", flush=True)
+                rounds[suffix].append(row)
+        for suffix, rows in rounds.items():
+            figures[specs[flush].name + suffix] = {
+                "median_broker_cpu_us_per_request": statistics.median(x["broker_cpu_us_per_request"] for x in rows),
+                "median_requests_per_s": statistics.median(x["requests_per_s"] for x in rows),
+                "rounds": rows}
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(json.dumps({"workload": "small-requests", "machine": machine.describe(),
                                     "settings": {"connections": CONNECTIONS, "in_flight": IN_FLIGHT,
                                                  "requests_per_connection": args.requests,
-                                                 "partitions": PARTITIONS, "record_bytes": 100},
+                                                 "partitions": PARTITIONS, "record_bytes": 100,
+                                                 "baseline": args.baseline},
                                     "figures": figures}, indent=1))
     print(json.dumps({k: {m: v for m, v in f.items() if m != "rounds"} for k, f in figures.items()}))
 

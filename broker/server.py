@@ -12,6 +12,7 @@ connections rather than a timer each.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import struct
 import time
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 # Responses a connection may have outstanding before it stops reading more requests.
 MAX_IN_FLIGHT = 64
+# At most this many ready answers of a connection are joined into one write.
+_MAX_COALESCED = 32
+_NOTHING = object()
 
 
 def _api_key(frame: memoryview) -> int:
@@ -211,11 +215,22 @@ class KafkaServer:
         if result is None:
             return None
         if isinstance(result, Deferred):
+            if isinstance(result.awaitable, asyncio.Future):
+                # Completed by a callback with the framed answer (bytes) or None: nothing to
+                # convert, so no task to wrap it in; timed when it completes.
+                result.awaitable.add_done_callback(functools.partial(self._observe, header.api_key, started))
+                return result.awaitable
             return asyncio.ensure_future(self._complete(header, result.awaitable, started))
         if isinstance(result, EncodedResponse):
             # Framed by the handler (Fetch): written as chunks, the record batches uncopied.
             return result.chunks
         return encode_response(header, result)
+
+    def _observe(self, api_key: int, started: float, done: asyncio.Future) -> None:
+        if done.cancelled() or done.exception() is not None:
+            self.request_stats.failed(api_key)
+        else:
+            self.request_stats.observe(api_key, time.perf_counter() - started)
 
     async def _complete(self, header: RequestHeader, awaitable: Awaitable[Any], started: float) -> bytes | None:
         try:
@@ -233,27 +248,47 @@ class KafkaServer:
     async def _send_in_order(self, outbox: asyncio.Queue, conn: Connection) -> None:
         writer = conn.writer
         loop = asyncio.get_running_loop()
+        pending = _NOTHING
         while True:
-            item = await outbox.get()
+            item = await outbox.get() if pending is _NOTHING else pending
+            pending = _NOTHING
             if item is None:
                 return
-            if not isinstance(item, (list, bytes, bytearray)):
-                try:
-                    item = await item
-                except Exception:
-                    log.exception("deferred response for %s failed; closing", conn.peer)
-                    writer.close()
-                    return
+            # Answers ready together (several produce requests of a connection covered by
+            # one fsync) go out in one write: on loopback and small answers the send
+            # itself is a good part of a request's cost.
+            chunks: list = []
             # A client gone with requests still in flight: its answers are dropped here
             # (asyncio would log a warning for every write) and the sender goes on to the
             # end of the queue, so the reader never waits on a full one.
             closing = writer.transport.is_closing()
-            if item is not None and not closing:
-                if isinstance(item, list):
-                    writer.writelines(item)
-                else:
-                    writer.write(item)
-            conn.in_progress -= 1
+            while True:
+                if not isinstance(item, (list, bytes, bytearray)):
+                    try:
+                        item = await item
+                    except Exception:
+                        log.exception("deferred response for %s failed; closing", conn.peer)
+                        writer.close()
+                        return
+                conn.in_progress -= 1
+                if item is not None and not closing:
+                    if isinstance(item, list):
+                        chunks.extend(item)
+                        break  # a fetch answer (record batches uncopied): written alone
+                    chunks.append(item)
+                if outbox.empty() or len(chunks) >= _MAX_COALESCED:
+                    break
+                nxt = outbox.get_nowait()
+                if nxt is None or isinstance(nxt, list) or (isinstance(nxt, asyncio.Future) and not nxt.done()):
+                    pending = nxt  # not ready yet (or the end): what is ready goes out first
+                    break
+                item = nxt
             conn.last_active = loop.time()
-            if not closing and (outbox.empty() or writer.transport.get_write_buffer_size() > (4 << 20)):
+            if chunks and not writer.transport.is_closing():
+                if len(chunks) == 1:
+                    writer.write(chunks[0])
+                else:
+                    writer.writelines(chunks)
+            if not closing and ((pending is _NOTHING and outbox.empty())
+                                or writer.transport.get_write_buffer_size() > (4 << 20)):
                 await writer.drain()

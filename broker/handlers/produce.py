@@ -183,26 +183,42 @@ async def produce(ctx: RequestContext, request):
         # otherwise cost about as much as its append.
         return EncodedResponse([encode_produce_response(ctx.header, list(by_topic.items()))])
 
+    def answer() -> bytes:
+        return encode_produce_response(ctx.header, list(by_topic.items()))
+
+    def failed(p: _Part, outcome: BaseException) -> None:
+        code = outcome.code if isinstance(outcome, FluvialError) else ErrorCode.KAFKA_STORAGE_ERROR
+        log.error("produce to %s-%d not acknowledged: %s", p.topic, p.index, outcome)
+        p.response.error_code, p.response.base_offset = code, -1
+        stats.error(ApiKey.PRODUCE, code)
+        p.response.error_message = str(outcome)
+
+    if len(durable_waits) == 1:
+        # The usual small request (one partition): the answer is encoded by a callback of
+        # the bucket's durability future, without a task or coroutine per request.
+        (part, durable), = durable_waits
+        reply = asyncio.get_running_loop().create_future()
+
+        def on_durable(f: asyncio.Future) -> None:
+            if reply.done():
+                return  # the connection went away meanwhile
+            if f.cancelled():
+                reply.cancel()
+                return
+            if f.exception() is not None:
+                failed(part, f.exception())
+            reply.set_result(answer())
+
+        durable.add_done_callback(on_durable)
+        return Deferred(reply)
+
     async def after_fsync():
         # Each partition is answered by its own bucket's fsync: one failing disk or bucket
         # does not fail the others' acknowledgements.
-        if len(durable_waits) == 1:
-            # The usual small request (one partition): awaited directly, without the task
-            # gather would wrap it in.
-            try:
-                await durable_waits[0][1]
-                outcomes = [None]
-            except Exception as exc:
-                outcomes = [exc]
-        else:
-            outcomes = await asyncio.gather(*(wait for _, wait in durable_waits), return_exceptions=True)
+        outcomes = await asyncio.gather(*(wait for _, wait in durable_waits), return_exceptions=True)
         for (p, _), outcome in zip(durable_waits, outcomes):
             if isinstance(outcome, BaseException):
-                code = outcome.code if isinstance(outcome, FluvialError) else ErrorCode.KAFKA_STORAGE_ERROR
-                log.error("produce to %s-%d not acknowledged: %s", p.topic, p.index, outcome)
-                p.response.error_code, p.response.base_offset = code, -1
-                stats.error(ApiKey.PRODUCE, code)
-                p.response.error_message = str(outcome)
-        return encode_produce_response(ctx.header, list(by_topic.items()))
+                failed(p, outcome)
+        return answer()
 
     return Deferred(after_fsync())

@@ -10,6 +10,7 @@ is found from the segment file alone.
 from __future__ import annotations
 
 import struct
+import threading
 from dataclasses import dataclass
 
 import crc32c
@@ -80,32 +81,117 @@ class EncodedBatch:
         return len(self.header) + self.body.size
 
 
-def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"") -> EncodedBatch:
-    """Serialize one batch as an IPC stream message with its BatchMeta, statistics and checksum."""
-    sink = pa.BufferOutputStream()
-    writer = ipc.new_stream(sink, batch.schema, options=_WRITE_OPTIONS)
+def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"",
+                 schema: pa.Schema | None = None) -> EncodedBatch:
+    """Serialize one batch as an IPC stream message with its BatchMeta, statistics and checksum.
+
+    ``schema``: the batch's schema when the caller holds it already (compared by identity
+    first, which is cheaper than by value)."""
     custom = {META_KEY: meta.encode(), CRC_KEY: _CRC_PLACEHOLDER}
     if stats:
         custom[STATS_KEY] = stats
+    if batch.get_total_buffer_size() <= _REUSED_MAX_BATCH_BYTES:
+        encoder = _encoders.get(batch.schema if schema is None else schema)
+        encoded = encoder.write(batch, custom)
+        if encoded is not None:
+            return _checksummed(encoder.schema_message, encoded, stats)
+    sink = pa.BufferOutputStream()
+    writer = ipc.new_stream(sink, batch.schema, options=_WRITE_OPTIONS)
     writer.write_batch(batch, custom_metadata=custom)
     # The writer is not closed: closing would append the end-of-stream marker, so the
     # buffer ends exactly where the batch body ends.
     data = sink.getvalue()
-    view = memoryview(data)
-    schema_length = 8 + _PREFIX.unpack_from(view, 0)[1]
-    header_length = 8 + _PREFIX.unpack_from(view, schema_length)[1]
-    schema_message = bytes(view[:schema_length])
-    header = bytearray(view[schema_length : schema_length + header_length])
+    schema_length = 8 + _PREFIX.unpack_from(data, 0)[1]
+    return _checksummed(data[:schema_length].to_pybytes(), data.slice(schema_length), stats)
+
+
+def _checksummed(schema_message: bytes, message: pa.Buffer, stats: bytes) -> EncodedBatch:
+    """Split a batch message into header and body and fill in its checksum."""
+    header_length = 8 + _PREFIX.unpack_from(message, 0)[1]
+    header = bytearray(message[:header_length])
     # Found by value rather than by walking the flatbuffer: the placeholder text cannot occur
     # in the binary header fields (it would need lengths or offsets near 2**62).
     crc_at = header.find(_CRC_PLACEHOLDER)
     if crc_at < 0 or header.find(_CRC_PLACEHOLDER, crc_at + 1) >= 0:
         raise AssertionError("checksum placeholder not found exactly once in the batch header")
-    body = data.slice(schema_length + header_length)
+    body = message.slice(header_length)
     crc = crc32c.crc32c(header, schema_checksum(schema_message))
     crc = crc32c.crc32c(body, crc)
     header[crc_at : crc_at + 8] = b"%08x" % crc
     return EncodedBatch(schema_message, bytes(header), body, stats)
+
+
+# Small batches (many small producers) are written by a stream writer kept per schema and
+# thread, into a buffer that is filled message after message: opening a writer (and
+# serializing the schema) for every batch cost more than writing the batch. A message's
+# bytes do not depend on where in the stream it is written, so they are the same as a
+# fresh writer's (a unit test checks it).
+_REUSED_MAX_BATCH_BYTES = 16 * 1024
+_ENCODER_BUFFER_BYTES = 256 * 1024
+_ENCODERS_PER_THREAD = 8
+
+
+class _StreamEncoder:
+    """A stream writer for one schema, writing into a buffer that is never written over."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.schema_message: bytes | None = None  # the writer emits it with the first batch
+        self._open()
+
+    def _open(self) -> None:
+        self._buffer = pa.allocate_buffer(_ENCODER_BUFFER_BYTES, resizable=False)
+        self._sink = pa.FixedSizeBufferWriter(self._buffer)
+        self._writer = ipc.new_stream(self._sink, self.schema, options=_WRITE_OPTIONS)
+        self._fresh = True
+        self._start = 0
+
+    def write(self, batch: pa.RecordBatch, custom: dict) -> pa.Buffer | None:
+        """The batch message (a slice of the buffer), or None when it does not fit."""
+        # Metadata (a few hundred bytes per column at most) plus the 8-byte-padded buffers.
+        needed = batch.get_total_buffer_size() + 64 * (batch.num_columns + 1) + 1024 + sum(len(v) for v in custom.values())
+        if self.schema_message is not None:
+            needed += len(self.schema_message)
+        if self._start + needed > _ENCODER_BUFFER_BYTES:
+            self._open()
+            if needed > _ENCODER_BUFFER_BYTES:
+                return None
+        start = self._start
+        try:
+            self._writer.write_batch(batch, custom_metadata=custom)
+        except (pa.ArrowException, OSError):
+            self._open()  # the buffer's state is unknown: start a new one
+            return None
+        end = self._sink.tell()
+        self._start = end
+        if self._fresh:
+            # A new writer wrote the schema message first.
+            self._fresh = False
+            schema_length = 8 + _PREFIX.unpack_from(self._buffer, start)[1]
+            if self.schema_message is None:
+                self.schema_message = self._buffer[start : start + schema_length].to_pybytes()
+            start += schema_length
+        return self._buffer.slice(start, end - start)
+
+
+class _Encoders(threading.local):
+    def __init__(self) -> None:
+        self.recent: list[_StreamEncoder] = []
+
+    def get(self, schema: pa.Schema) -> _StreamEncoder:
+        recent = self.recent
+        for i, encoder in enumerate(recent):
+            if encoder.schema is schema or encoder.schema.equals(schema, check_metadata=True):
+                if i:
+                    recent.insert(0, recent.pop(i))
+                return encoder
+        encoder = _StreamEncoder(schema)
+        recent.insert(0, encoder)
+        del recent[_ENCODERS_PER_THREAD:]
+        return encoder
+
+
+_encoders = _Encoders()
 
 
 def schema_checksum(schema_message: bytes) -> int:

@@ -319,7 +319,7 @@ class LogTablet:
             batch = records.add_column(0, OFFSET_FIELD, offsets)
             if not batch.schema.equals(stored_schema, check_metadata=True):
                 batch = pa.RecordBatch.from_arrays([offsets, *records.columns], schema=stored_schema)
-            encoded = encode_batch(batch, filled, stats)
+            encoded = encode_batch(batch, filled, stats, schema=stored_schema)
             view = self._view
             active = view.segments[-1] if view.segments else None
             try:

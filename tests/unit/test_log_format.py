@@ -99,3 +99,64 @@ def test_batch_meta_text_is_version_then_fields_then_optional_fields_unless_defa
     fields, optional = values[:11], [v for v in values[11:] if v != -1]
     assert meta.encode() == ";".join(["1", *map(str, fields + optional)]).encode()
     assert BatchMeta.decode(meta.encode()) == meta
+
+
+def _fresh_writer_bytes(batch: pa.RecordBatch, custom: dict) -> tuple[bytes, bytes]:
+    """The schema and batch messages as a new pyarrow stream writer writes them."""
+    sink = pa.BufferOutputStream()
+    writer = ipc.new_stream(sink, batch.schema, options=ipc.IpcWriteOptions(use_threads=False))
+    writer.write_batch(batch, custom_metadata=custom)
+    data = sink.getvalue().to_pybytes()
+    schema_length = 8 + int.from_bytes(data[4:8], "little")
+    return data[:schema_length], data[schema_length:]
+
+
+@settings(max_examples=60, deadline=None)
+@given(metas=st.lists(metas, min_size=1, max_size=40),
+       sizes=st.lists(st.integers(0, 6000), min_size=1, max_size=40),
+       typed=st.booleans(), stats=st.binary(max_size=30))
+def test_small_batches_through_the_kept_writer_are_byte_identical_to_a_fresh_writer(metas, sizes, typed, stats):
+    # Small batches are encoded by a stream writer kept per schema (and thread), whose
+    # buffer fills message after message and is replaced when full; what it gives must be
+    # exactly what a new writer per batch gives, the checksum included.
+    from fluvial.broker.log.segment_format import _CRC_PLACEHOLDER, CRC_KEY, META_KEY
+    from fluvial.broker.log.statistics import STATS_KEY
+    for i, meta in enumerate(metas):
+        n = sizes[i % len(sizes)] // 100 + 1
+        columns = {"_offset": pa.array(range(n), pa.int64()),
+                   "value": pa.array([b"v" * (sizes[i % len(sizes)] % 97)] * n, pa.binary())}
+        if typed:
+            columns["x"] = pa.array([float(i)] * n, pa.float64())
+        batch = pa.record_batch(columns)
+        encoded = encode_batch(batch, meta, stats)
+        custom = {META_KEY: meta.encode(), CRC_KEY: _CRC_PLACEHOLDER}
+        if stats:
+            custom[STATS_KEY] = stats
+        schema_message, message = _fresh_writer_bytes(batch, custom)
+        assert encoded.schema_message == schema_message
+        produced = encoded.header + encoded.body.to_pybytes()
+        assert len(produced) == len(message)
+        header = parse_batch_header(memoryview(encoded.schema_message + produced), len(schema_message),
+                                    len(schema_message) + len(produced))
+        crc_at = header.crc_at
+        # Identical but for the checksum text, which covers the rest and is checked as well.
+        assert produced[:crc_at] == message[:crc_at] and produced[crc_at + 8:] == message[crc_at + 8:]
+        data = encoded.schema_message + produced
+        assert checksum_matches(memoryview(data), header, schema_checksum(schema_message))
+        assert read_batch(pa.py_buffer(data), header, batch.schema).equals(batch)
+
+
+def test_the_kept_writer_starts_a_new_buffer_when_full_and_earlier_messages_stay_intact():
+    from fluvial.broker.log import segment_format
+    meta = BatchMeta(0, 0, 1, 0, 0)
+    encoded = []
+    # Enough 2 KB batches to fill several of the writer's buffers.
+    rounds = 3 * segment_format._ENCODER_BUFFER_BYTES // 2048
+    for i in range(rounds):
+        batch = pa.record_batch({"_offset": pa.array([i], pa.int64()), "value": pa.array([bytes([i % 251]) * 2048])})
+        encoded.append((batch, encode_batch(batch, meta)))
+    for batch, e in encoded:
+        data = e.schema_message + e.header + e.body.to_pybytes()
+        header = parse_batch_header(memoryview(data), len(e.schema_message), len(data))
+        assert checksum_matches(memoryview(data), header, schema_checksum(e.schema_message))
+        assert read_batch(pa.py_buffer(data), header, batch.schema).equals(batch)
