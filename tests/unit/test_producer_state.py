@@ -231,7 +231,8 @@ def test_snapshot_at_segment_roll_bounds_the_replay(tmp_path, caplog):
             produce(registry, bucket, 0, 0, 20, pid=PID + 1)  # after the last roll
             for _ in range(1000):  # the I/O thread writes it; a busy machine may take a while
                 await asyncio.sleep(0.01)
-                if list_snapshots(tmp_path / "t-0")[-1][0] >= bucket.tablet.segment_infos()[-1].base_offset:
+                snapshots = list_snapshots(tmp_path / "t-0")
+                if snapshots and snapshots[-1][0] >= bucket.tablet.segment_infos()[-1].base_offset:
                     break
             return bucket, seq
 
