@@ -389,9 +389,9 @@ def _scan_fields(table: "Table") -> dict[str, pa.Field]:
 
 
 _DONE = object()
-# gRPC hands IPC bodies at any address; pyarrow's expression evaluation (Acero) wants each
-# buffer aligned to its type, so scans the client filters read realigned (copies only those
-# that are not).
+# gRPC hands IPC bodies at any address; pyarrow's expression evaluation (Acero: the client's
+# own filters, pyarrow.dataset on a result) and other consumers want each buffer aligned to
+# its type. Scans read realigned: only the buffers that are not (a few percent) are copied.
 _ALIGNED = flight.FlightCallOptions(read_options=pa.ipc.IpcReadOptions(
     ensure_alignment=pa.ipc.Alignment.DataTypeSpecific))
 _log = logging.getLogger(__name__)
@@ -484,7 +484,7 @@ class Scan(ArrowResults):
         request = ScanRequest(self.table.name, bucket, self.columns, start, end, self.filter, follow,
                               tiered=tiered)
         try:
-            reader = client.do_get(flight.Ticket(request.to_bytes()), _ALIGNED if self.client_filter is not None else None)
+            reader = client.do_get(flight.Ticket(request.to_bytes()), _ALIGNED)
             readers[bucket] = reader
             if stop.is_set():  # the consumer left before this stream was registered for cancelling
                 reader.cancel()
