@@ -151,6 +151,8 @@ class BrokerCollector:
             ("bytes_in", "Bytes appended to the table's log (stored Arrow IPC) since the broker started."),
             ("records_out", "Records sent to Kafka consumers since the broker started."),
             ("bytes_out", "Bytes of record batches sent to Kafka consumers since the broker started."),
+            ("scan_records_out", "Rows sent by table API (Arrow Flight) scans since the broker started."),
+            ("scan_bytes_out", "Bytes of Arrow batches sent by table API scans since the broker started."),
         )}
         for table in status.tables(self.broker):
             totals = dict.fromkeys(per_table, 0)

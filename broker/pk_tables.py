@@ -256,9 +256,12 @@ class ChangelogBucket:
         self.tablet = _ReadOnlyTablet(source.tablet)
         self.group_commit = source.group_commit
         self.leader_epoch = source.leader_epoch
-        # Sent to Kafka consumers of the changelog topic (metrics).
+        # Sent to Kafka consumers of the changelog topic (metrics); table API scans of it
+        # count for the table bucket.
         self.bytes_out = 0
         self.records_out = 0
+        self.scan_records_out = 0
+        self.scan_bytes_out = 0
 
     @property
     def key(self) -> tuple[str, int]:

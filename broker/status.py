@@ -146,7 +146,8 @@ def bucket_status(broker: "Broker", bucket: "Bucket") -> dict:
             "tiering_lag": max(0, hwm - max(remote["end_offset"] or 0, bucket.log_start_offset))
             if remote is not None else None,
             "records_in": tablet.appended_records, "bytes_in": tablet.appended_bytes,
-            "records_out": bucket.records_out, "bytes_out": bucket.bytes_out}
+            "records_out": bucket.records_out, "bytes_out": bucket.bytes_out,
+            "scan_records_out": bucket.scan_records_out, "scan_bytes_out": bucket.scan_bytes_out}
 
 
 def kv_status(table: "Table") -> list[dict] | None:

@@ -191,9 +191,12 @@ class Bucket:
 
     # A single-node broker is the only leader a bucket ever has: its epoch stays 0.
     leader_epoch = 0
-    # What Kafka fetches sent of this bucket, for the metrics (bytes in: the log tablet's).
+    # What Kafka fetches sent of this bucket, for the metrics (bytes in: the log tablet's),
+    # and what table API scans sent.
     bytes_out = 0
     records_out = 0
+    scan_records_out = 0
+    scan_bytes_out = 0
 
     @property
     def key(self) -> tuple[str, int]:

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import json
 import logging
+import threading
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -44,6 +45,9 @@ ACTIONS = {
     OFFSETS: "Log start and high watermark of each bucket. Body: {table}.",
 }
 
+
+# Guards the buckets' scan counters (metrics): Flight serves scans on many threads.
+_SCAN_COUNT_LOCK = threading.Lock()
 
 class TableFlightServer(flight.FlightServerBase):
     """Serves scans, appends and table metadata of one broker."""
@@ -171,7 +175,15 @@ class TableFlightServer(flight.FlightServerBase):
                     or self.broker.tables.tables.get(table.name) is not table)
 
         def stream():
-            yield from scan_bucket(plan, stats, lambda offset: self._wait_for_data(bucket, offset), cancelled)
+            counted = getattr(bucket, "source", bucket)  # a changelog view's reads count for its table
+            rows = size = 0
+            for batch in scan_bucket(plan, stats, lambda offset: self._wait_for_data(bucket, offset), cancelled):
+                yield batch
+                # Per batch sent (never per row), for the metrics; scans run on many threads.
+                with _SCAN_COUNT_LOCK:
+                    counted.scan_records_out += stats.rows_sent - rows
+                    counted.scan_bytes_out += stats.bytes_sent - size
+                rows, size = stats.rows_sent, stats.bytes_sent
             if self.stopping and plan.follow:
                 # A follower must not mistake a broker going away for the end of its table.
                 raise flight.FlightUnavailableError("the broker is shutting down")

@@ -149,6 +149,7 @@ def test_kv_and_remote_log_metrics(fresh_broker, topic_name):
         users.upsert(pa.table({"id": pa.array(range(40), pa.int64()), "qty": pa.array([1] * 40, pa.int64())}))
         users.upsert(pa.table({"id": pa.array(range(10), pa.int64()), "qty": pa.array([2] * 10, pa.int64())}))
         assert users.lookup([{"id": 1}, {"id": 2}, {"id": 99}]).num_rows == 2
+        assert users.scan(columns=["id"]).to_arrow().num_rows == 60  # the changelog, from the broker
         tiered = client.create_table(topic_name, configs={"segment.bytes": "16384", "local.retention.ms": "0",
                                                          "remote.storage.enable": "true"})
         for _ in range(8):
@@ -182,6 +183,9 @@ def test_kv_and_remote_log_metrics(fresh_broker, topic_name):
     # 40 inserts and 10 updates (-U/+U each): 60 changelog rows over the two buckets.
     assert sum(s.values("fluvial_kv_tablet_applied_offset", table=pk)) == 60
     assert s.value("fluvial_table_records_in_total", table=pk) == 60
+    assert s.value("fluvial_table_scan_records_out_total", table=pk) == 60
+    assert s.value("fluvial_table_scan_bytes_out_total", table=pk) >= 60 * 8
+    assert s.value("fluvial_table_records_out_total", table=pk) == 0  # no Kafka consumer
 
 
 def test_metrics_endpoint_is_not_confused_by_bad_requests(broker):
