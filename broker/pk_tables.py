@@ -33,7 +33,7 @@ from fluvial.broker.tables import Bucket, Table
 from fluvial.errors import InvalidConfigError, InvalidRecordError, InvalidRequestError, InvalidTableError, StorageError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec, SnapshotInfo, SnapshotStore
 from fluvial.kv.bucketing import BucketFunction, buckets_of
-from fluvial.kv.change_types import FIRST_HIDDEN, WRITABLE_LABELS, parse_changes
+from fluvial.kv.change_types import FIRST_HIDDEN, parse_changes
 from fluvial.kv.rowmerger.aggregate import AGG_PREFIX, aggregates_from_configs
 from fluvial.kv.rowmerger.retract import RetractStats
 from fluvial.kv.tablet import CHANGE_COLUMN, SOURCE_COLUMN

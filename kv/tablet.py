@@ -22,12 +22,11 @@ import pyarrow.compute as pc
 from rocksdict import BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from fluvial.errors import InvalidRecordError
-from fluvial.kv.change_types import ChangeType
+from fluvial.kv.change_types import FIRST_HIDDEN, ChangeType, is_retraction
 from fluvial.kv.row_codec import DATA_PREFIX, ROW_FLAG, KeyLayout, RowCodec, struct_of
-from fluvial.kv.change_types import FIRST_HIDDEN, is_retraction
 from fluvial.kv.rowmerger import Action, MergeEngine, MergeSpec, merger_for
 from fluvial.kv.rowmerger.aggregate import AggregateMerger
-from fluvial.kv.rowmerger.retract import INPUT_DELETE_KEY, RetractMaterializer, RetractStats
+from fluvial.kv.rowmerger.retract import INPUT_DELETE_KEY, RetractMaterializer, RetractStats, state_key
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +287,6 @@ class KvTablet:
                 enc = self.codec.encode(new_rows.take(pa.array(rowful))).to_pylist()
                 for i, v in zip(rowful.tolist(), enc):
                     values[i] = v
-        from fluvial.kv.rowmerger.retract import state_key
         # A key's visible row, which alone is its list unless it is flagged: then the list
         # (kept for two rows or more, or with a TTL) is read as well.
         old_rows = self.db.get(unique_keys)

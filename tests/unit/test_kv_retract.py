@@ -219,3 +219,12 @@ def test_any_batching_follows_the_list_model(tmp_path_factory, upsert_key, chang
     assert rows(t) == sorted(rows_model.values())
     assert t.retract_stats.keys == len(rows_model)
     assert sum(t.retract_stats.histogram) == len(rows_model)
+
+
+def test_readers_hide_exactly_the_logged_input_rows():
+    from fluvial.client.predicates import FIRST_STATE_CHANGE, hide_state_rows
+    assert FIRST_STATE_CHANGE == FIRST_HIDDEN == ChangeType.INPUT_ADD
+    batch = pa.RecordBatch.from_pydict({"_change": pa.array([5, 1, 6, 2, 3, 7, 4], pa.int8()),
+                                        "id": list(range(7))})
+    assert hide_state_rows(batch).column("id").to_pylist() == [1, 3, 4, 6]
+    assert hide_state_rows(batch.select(["id"])).num_rows == 7  # no `_change`: a log table's batch
