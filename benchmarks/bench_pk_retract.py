@@ -128,6 +128,31 @@ def state_bytes(kv_dir: Path, table: str) -> dict:
             "bytes_per_key": round((rows + state) / keys, 1) if keys else 0.0}
 
 
+class _StateWatch:
+    """Polls a retract table's figures while it is written: the most live rows it kept."""
+
+    def __init__(self, url: str, table: str, every_s: float = 0.5):
+        self.peak = {"rows": 0, "keys": 0, "keys_with_2_or_more_rows": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(url, table, every_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, url: str, table: str, every_s: float) -> None:
+        with fc.connect(url) as client:
+            t = client.table(table)
+            while not self._stop.wait(every_s):
+                r = t.kv_stats()["retract"]
+                hist = r["rows_per_key_histogram"]
+                if r["rows"] - r["keys"] >= self.peak["rows"] - self.peak["keys"]:
+                    self.peak = {"rows": r["rows"], "keys": r["keys"],
+                                 "keys_with_2_or_more_rows": sum(v for k, v in hist.items() if k != "1")}
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join(10)
+        return self.peak
+
+
 def one_run(args, log: pa.Table, parts: list[pa.Table], rotate: int = 0) -> dict:
     out = {}
     names = list(ENGINES)
@@ -142,8 +167,11 @@ def one_run(args, log: pa.Table, parts: list[pa.Table], rotate: int = 0) -> dict
                     client.create_table(f"t_{engine}", SCHEMA, buckets=args.buckets, kafka_format="avro",
                                         primary_key=["id"], **options)
             for engine in names:
+                watch = _StateWatch(broker.flight_url, f"t_{engine}") if engine == "retract" else None
                 seconds = write_all(broker.flight_url, f"t_{engine}", parts, args.batch)
                 out[engine] = {"seconds": round(seconds, 3), "rows_per_s": round(log.num_rows / seconds)}
+                if watch is not None:
+                    out[engine]["peak"] = watch.stop()
             with fc.connect(broker.flight_url) as client:
                 out["retract"]["kv_stats"] = client.table("t_retract").kv_stats()["retract"]
         finally:
@@ -194,6 +222,9 @@ def main() -> None:
         "median_run_ratio_vs_last_row": ratios,
         "last_row_keys_lost": args.keys - runs[-1]["last_row"]["state"]["keys"],
         "retract_state": runs[-1]["retract"]["kv_stats"],
+        # While the writers run: the most rows kept beyond one per key (ADDs waiting for
+        # their RETRACT), polled every half second.
+        "retract_peak_state": max((r["retract"]["peak"] for r in runs), key=lambda p: p["rows"] - p["keys"]),
         "flush_policy": "ack",
         # The machine may be shared: the load average says how much CPU the runs had.
         "load_average_1m": loads,
