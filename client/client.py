@@ -434,7 +434,6 @@ class Scan(ArrowResults):
         # for the client (an expression applied to what arrives; None: nothing).
         self.filter: list[list[Any]] = compiled.pushed
         self.client_filter: pc.Expression | None = compiled.residual
-        self._compiled = compiled
         out = list(columns) if columns is not None else None
         self.output_columns = out if out is not None else [f.name for f in table.schema]
         extra = [c for c in compiled.columns if c not in self.output_columns]
