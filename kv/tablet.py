@@ -103,7 +103,8 @@ class KvTablet:
         self.applied_offset = int.from_bytes(raw, "big") if raw is not None else 0
         self._retract = RetractMaterializer(schema, spec.upsert_key, spec.state_ttl_ms) \
             if spec.engine is MergeEngine.RETRACT else None
-        self._aggregate = AggregateMerger(schema, spec.aggregates) if spec.engine is MergeEngine.AGGREGATION else None
+        self._aggregate = AggregateMerger(schema, spec.aggregates, layout.primary_key) \
+            if spec.engine is MergeEngine.AGGREGATION else None
         raw = db.get(_STATS_KEY)
         self.retract_stats = RetractStats.from_json(json.loads(raw)) if raw is not None else RetractStats()
 
@@ -134,7 +135,7 @@ class KvTablet:
         if self._retract is not None:
             self._retract = RetractMaterializer(schema, self.spec.upsert_key, self.spec.state_ttl_ms)
         if self._aggregate is not None:
-            self._aggregate = AggregateMerger(schema, self.spec.aggregates)
+            self._aggregate = AggregateMerger(schema, self.spec.aggregates, self.layout.primary_key)
         self.db.put(self._schema_key(self.codec.number), schema.serialize().to_pybytes(), self._write_opts)
 
     # ------------------------------------------------------------ write path

@@ -78,9 +78,11 @@ def check_aggregates(schema: pa.Schema, primary_key: list[str], aggregates: dict
 class AggregateMerger:
     """Folds one bucket's write batch into the stored rows of its keys."""
 
-    def __init__(self, schema: pa.Schema, aggregates: tuple[tuple[str, str], ...]):
+    def __init__(self, schema: pa.Schema, aggregates: tuple[tuple[str, str], ...], primary_key: list[str]):
         self.schema = schema
-        self.functions = dict(aggregates)
+        # A column added to the table since its creation folds with the default function.
+        self.functions = {f.name: DEFAULT_FUNCTION for f in schema if f.name not in primary_key}
+        self.functions.update(dict(aggregates))
         self.irreversible = [(c, fn) for c, fn in aggregates if fn not in RETRACTABLE]
 
     def check_retractions(self, retract: np.ndarray) -> None:
