@@ -97,6 +97,33 @@ def test_fetch_obeys_max_bytes_and_partition_max_bytes(broker, topic_name):
             seen.append(m.value()[:6])
     c.close()
     assert sorted(seen) == [b"%06d" % i for i in range(n)]
+    assert sorted(aiokafka_read(broker.bootstrap, topic_name, partitions, n)) == [b"%06d" % i for i in range(n)]
+
+
+def aiokafka_read(bootstrap: str, topic: str, partitions: int, n: int) -> list[bytes]:
+    """Everything from offset 0 with aiokafka at small fetch limits."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka import TopicPartition as ATP
+
+    async def run() -> list[bytes]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, fetch_max_bytes=3000,
+                                    max_partition_fetch_bytes=1000, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = [ATP(topic, i) for i in range(partitions)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            got: list[bytes] = []
+            deadline = time.monotonic() + 60
+            while len(got) < n and time.monotonic() < deadline:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    got += [r.value[:6] for r in records]
+            return got
+        finally:
+            await consumer.stop()
+    return asyncio.run(run())
 
 
 def test_a_huge_appended_batch_is_fetched_in_bounded_slices(broker, topic_name):
