@@ -357,8 +357,11 @@ JSON_ARROW_TYPE = "x-arrow-type"
 # The Arrow types the JSON value format reads and writes as the same JSON values, by JSON type.
 _JSON_KEEPS = {
     "integer": lambda t: pa.types.is_integer(t),
-    "number": lambda t: pa.types.is_float32(t) or pa.types.is_float64(t),
-    "string": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_timestamp(t),
+    # decimals of up to 15 digits: written as the JSON number of the float64 holding them exactly
+    "number": lambda t: pa.types.is_float32(t) or pa.types.is_float64(t) or (
+        pa.types.is_decimal128(t) and t.precision <= 15),
+    "string": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_timestamp(t)
+    or pa.types.is_time(t),
 }
 
 
@@ -372,15 +375,24 @@ def _kept_arrow_type(node: dict, json_type: str) -> pa.DataType | None:
         return None  # a type recorded by a newer writer, or one JSON values cannot hold
     if pa.types.is_timestamp(t) and node.get("format") != "date-time":
         return None
+    if pa.types.is_time(t) and node.get("format") != "time":
+        return None
     keeps = _JSON_KEEPS.get(json_type)
     return t if keeps is not None and keeps(t) else None
 
 
+_DECIMAL_TEXT = re.compile(r"decimal128\((\d+), (\d+)\)")
 _TIMESTAMP_TEXT = re.compile(r"timestamp\[(s|ms|us|ns)(?:, tz=([^\]]+))?\]")
 
 
 def _arrow_type_of(text: str) -> pa.DataType | None:
     """An Arrow type from its `str()` (the simple types and timestamps)."""
+    m = _DECIMAL_TEXT.fullmatch(text)
+    if m:
+        try:
+            return pa.decimal128(int(m.group(1)), int(m.group(2)))
+        except (ValueError, pa.ArrowInvalid):
+            return None
     m = _TIMESTAMP_TEXT.fullmatch(text)
     if m:
         try:

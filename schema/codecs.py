@@ -456,7 +456,7 @@ def _json_read_field(f: pa.Field) -> pa.Field:
     """The type the JSON reader produces for a column (dates and date-times are read as
     text, then cast)."""
     t = f.type
-    if pa.types.is_date32(t) or pa.types.is_timestamp(t):
+    if pa.types.is_date32(t) or pa.types.is_timestamp(t) or pa.types.is_time(t):
         return pa.field(f.name, pa.string(), True)
     if pa.types.is_struct(t):
         return pa.field(f.name, pa.struct([_json_read_field(c) for c in t]), True)
@@ -468,7 +468,7 @@ def _json_read_field(f: pa.Field) -> pa.Field:
 
 
 def _has_date(t: pa.DataType) -> bool:
-    if pa.types.is_date32(t) or pa.types.is_timestamp(t):
+    if pa.types.is_date32(t) or pa.types.is_timestamp(t) or pa.types.is_time(t):
         return True
     if pa.types.is_struct(t):
         return any(_has_date(f.type) for f in t)
@@ -479,6 +479,17 @@ def _cast_json(arr: pa.Array, f: pa.Field, errors: DecodeErrors, rows: np.ndarra
     """The reader's columns in the table's types: date texts become dates (records with
     other texts are refused), struct and list types take the table's nullability."""
     t = f.type
+    if pa.types.is_time(t):
+        try:
+            return _time_of_day(arr, t)
+        except pa.ArrowInvalid:
+            what = f"field {path!r}: not a time of day of {t} (HH:MM:SS, at most {_UNIT_DIGITS[t.unit]} fraction digits)"
+            if rows.size == len(arr):
+                ok = np.array([v is None or _time_parses(v, t) for v in arr.to_pylist()], bool)  # error path only
+                errors.add(rows[~ok], what)
+            else:
+                errors.add(np.arange(errors.first.size), what)
+            return pa.nulls(len(arr), t)
     if pa.types.is_timestamp(t):
         try:
             return pc.cast(arr, t)
@@ -531,10 +542,29 @@ def _parses(arr: pa.Array, t: pa.DataType) -> np.ndarray:
     return ok
 
 
+def _time_of_day(arr: pa.Array, t: pa.DataType) -> pa.Array:
+    """`HH:MM:SS[.fff]` texts as a time column (parsed as a time on 1970-01-01)."""
+    stamps = pc.cast(pc.binary_join_element_wise("1970-01-01T", arr, ""), pa.timestamp(t.unit))
+    return pc.cast(stamps, t)
+
+
+def _time_parses(text: str, t: pa.DataType) -> bool:
+    try:
+        _time_of_day(pa.array([text]), t)
+        return True
+    except pa.ArrowInvalid:
+        return False
+
+
 def _as_json_texts(arr: pa.Array) -> pa.Array:
-    """Date-time columns (also inside structs and lists) as the RFC 3339 texts JSON values
-    carry: UTC with `Z` for zoned timestamps, no offset for local ones."""
+    """Columns JSON carries differently (also inside structs and lists): date-times as RFC
+    3339 texts (UTC with `Z` for zoned timestamps, no offset for local ones), times as
+    `HH:MM:SS[.fff]`, decimals (of up to 15 digits) as the float64 holding them exactly."""
     t = arr.type
+    if pa.types.is_time(t):
+        return pc.cast(arr, pa.string())
+    if pa.types.is_decimal(t):
+        return pc.cast(arr, pa.float64())
     if pa.types.is_timestamp(t):
         if t.tz:
             return pc.strftime(arr.cast(pa.timestamp(t.unit, tz="UTC")), format="%Y-%m-%dT%H:%M:%SZ")
@@ -552,7 +582,8 @@ def _as_json_texts(arr: pa.Array) -> pa.Array:
 
 
 def _has_timestamp(t: pa.DataType) -> bool:
-    if pa.types.is_timestamp(t):
+    """Whether a column holds values JSON carries differently (see `_as_json_texts`)."""
+    if pa.types.is_timestamp(t) or pa.types.is_time(t) or pa.types.is_decimal(t):
         return True
     if pa.types.is_struct(t):
         return any(_has_timestamp(f.type) for f in t)

@@ -63,6 +63,35 @@ def test_json_tables_keep_timestamps(broker, topic_name):
                                                "local": "2026-01-31T13:00:00.123456", "seen": ["2026-01-31T12:00:00Z"]}
 
 
+def test_json_tables_keep_times_and_decimals(broker, topic_name):
+    """Times as HH:MM:SS[.fff] text, decimals of up to 15 digits as JSON numbers."""
+    import decimal
+
+    schema = pa.schema([pa.field("id", pa.int64(), False), ("at", pa.time32("ms")), ("price", pa.decimal128(10, 2))])
+    with fc.connect(broker.flight_url) as client:
+        t = client.create_table(topic_name, schema, kafka_format="json")
+        assert plain(t.schema).equals(schema)
+        t.append(pa.Table.from_pylist([{"id": 1, "at": dt.time(12, 0, 0, 250000), "price": decimal.Decimal("12.34")}],
+                                      schema=schema))
+        assert produce(broker.bootstrap, topic_name, [{"id": 2, "at": "23:59:59", "price": 0.5}]) == [None]
+        for bad in ({"at": "25:00:00"}, {"at": "noon"}, {"price": 1.234}):
+            errors = produce(broker.bootstrap, topic_name, [{"id": 3, "at": None, "price": None, **bad}])
+            assert errors[0] is not None and errors[0].name() == "INVALID_RECORD", bad
+        got = t.scan().to_arrow()
+        assert got.schema.equals(schema) and got.to_pylist() == [
+            {"id": 1, "at": dt.time(12, 0, 0, 250000), "price": decimal.Decimal("12.34")},
+            {"id": 2, "at": dt.time(23, 59, 59), "price": decimal.Decimal("0.50")}]
+        from confluent_kafka import Consumer, TopicPartition
+
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": topic_name, "enable.auto.commit": False})
+        c.assign([TopicPartition(topic_name, 0, 0)])
+        msgs: list = []
+        while len(msgs) < 1:
+            msgs += [m for m in c.consume(10, timeout=5) if m.error() is None]
+        c.close()
+        assert json.loads(msgs[0].value()) == {"id": 1, "at": "12:00:00.250", "price": 12.34}
+
+
 def test_json_tables_keep_narrow_and_unsigned_types(broker, topic_name):
     with fc.connect(broker.flight_url) as client:
         t = client.create_table(topic_name, NARROW, kafka_format="json")
