@@ -47,7 +47,7 @@ class LogCleanerManager:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.broker.config.log_cleaner_backoff_ms / 1000)
-            for table in [t for t in self.broker.tables.tables.values() if t.compacted]:
+            for table in [t for t in list(self.broker.tables.tables.values()) if getattr(t, "compacted", False)]:
                 for bucket in list(table.buckets):
                     try:
                         await self._clean(bucket, force=False)
