@@ -203,11 +203,16 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
                 offset = meta.next_offset
                 continue
             batch = sb.batch
-            lo = max(offset - meta.base_offset, 0)
-            hi = meta.record_count if plan.end is None else min(plan.end - meta.base_offset, meta.record_count)
+            if meta.record_count == meta.last_offset_delta + 1:
+                lo = max(offset - meta.base_offset, 0)
+                hi = meta.record_count if plan.end is None else min(plan.end - meta.base_offset, meta.record_count)
+                after = meta.base_offset + hi
+            else:
+                # A compacted batch: its records' offsets have gaps, so positions come from `_offset`.
+                lo, hi, after = _sparse_range(batch, meta, offset, plan.end)
             if lo > 0 or hi < meta.record_count:
-                batch = batch.slice(lo, hi - lo)
-            offset = meta.base_offset + hi
+                batch = batch.slice(lo, max(hi - lo, 0))
+            offset = after
             stats.rows_read += batch.num_rows
             if plan.hide_state_rows:
                 batch = hide_state_rows(batch)
@@ -231,3 +236,14 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
             yield from flush()  # a follower wants rows as soon as they are there
     yield from flush()
     stats.end_offset = offset
+
+
+def _sparse_range(batch: pa.RecordBatch, meta, offset: int, end: int | None) -> tuple[int, int, int]:
+    """Rows [lo, hi) of a batch with gaps between its offsets that lie in [offset, end), and
+    the offset to read next (the batch's end once its last row is read)."""
+    offsets = batch.column("_offset").to_numpy(zero_copy_only=False)
+    lo = int(np.searchsorted(offsets, offset))
+    if end is None or end >= meta.next_offset:
+        return lo, len(offsets), meta.next_offset
+    hi = int(np.searchsorted(offsets, end))
+    return lo, hi, end

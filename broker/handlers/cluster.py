@@ -1,7 +1,7 @@
 """DescribeCluster and DescribeTopicPartitions."""
 from __future__ import annotations
 
-from fluvial.broker.authorization import cluster_operations
+from fluvial.broker.authorization import TOPIC_OPERATIONS, bitfield, cluster_operations
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
@@ -9,6 +9,9 @@ from fluvial.protocol.messages import ApiKey, response_class
 CR = response_class(ApiKey.DESCRIBE_CLUSTER)
 TR = response_class(ApiKey.DESCRIBE_TOPIC_PARTITIONS)
 TopicEntry = TR.DescribeTopicPartitionsResponseTopic
+# Kafka always answers DescribeTopicPartitions with the topic's authorized operations (the
+# request has no flag); with no authorizer, every topic operation (an int32 in this message).
+TOPIC_BITFIELD = bitfield(TOPIC_OPERATIONS)
 PartitionEntry = TopicEntry.DescribeTopicPartitionsResponsePartition
 
 
@@ -55,7 +58,7 @@ async def describe_topic_partitions(ctx: RequestContext, request):
                                         last_known_elr=[], offline_replicas=offline))
             count += 1
         topics.append(TopicEntry(error_code=0, name=name, topic_id=table.topic_id, is_internal=False,
-                                 partitions=parts, topic_authorized_operations=-2147483648))
+                                 partitions=parts, topic_authorized_operations=TOPIC_BITFIELD))
         if next_cursor is not None:
             break
     return ctx.response(throttle_time_ms=0, topics=topics, next_cursor=next_cursor)

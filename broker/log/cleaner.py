@@ -218,8 +218,9 @@ def _clean_segment(segment: LogSegment, map_keys: pa.Array, map_offsets: np.ndar
     data_ids = {id(b) for _, b in data}
     for meta, batch in batches:
         if id(batch) not in data_ids:
-            out.append((meta, batch))  # control batches are kept as they are
-            continue
+            if meta.attributes & ATTR_CONTROL:
+                out.append((meta, batch))  # control batches are kept as they are
+            continue  # an empty batch of an earlier cleaning: its span goes to its neighbours
         n = batch.num_rows
         mask = keep[position:position + n]
         kept_tombs = bool((tomb[position:position + n] & mask).any())

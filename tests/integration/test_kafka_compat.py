@@ -369,3 +369,10 @@ def test_authorized_operations_when_asked(broker, topic_name):
     assert set(desc.authorized_operations) == {
         AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE, AclOperation.ALTER,
         AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}
+    # DescribeTopicPartitions (what Java admin clients 3.8+ describe topics with) always carries them.
+    DTP = request_class(ApiKey.DESCRIBE_TOPIC_PARTITIONS)
+    c = RawClient(broker.bootstrap)
+    r = c.call(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, dict(topics=[DTP.TopicRequest(name=topic_name)],
+                                                         response_partition_limit=10, cursor=None))
+    c.close()
+    assert r.topics[0].topic_authorized_operations == 3576
