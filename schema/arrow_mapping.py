@@ -361,7 +361,7 @@ _JSON_KEEPS = {
     "number": lambda t: pa.types.is_float32(t) or pa.types.is_float64(t) or (
         pa.types.is_decimal128(t) and t.precision <= 15),
     "string": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_timestamp(t)
-    or pa.types.is_time(t),
+    or pa.types.is_time(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t),
 }
 
 
@@ -376,6 +376,8 @@ def _kept_arrow_type(node: dict, json_type: str) -> pa.DataType | None:
     if pa.types.is_timestamp(t) and node.get("format") != "date-time":
         return None
     if pa.types.is_time(t) and node.get("format") != "time":
+        return None
+    if (pa.types.is_binary(t) or pa.types.is_large_binary(t)) and node.get("contentEncoding") != "base64":
         return None
     keeps = _JSON_KEEPS.get(json_type)
     return t if keeps is not None and keeps(t) else None

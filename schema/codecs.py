@@ -21,6 +21,7 @@ import pyarrow.json as pa_json
 
 from fluvial.errors import InvalidRecordError
 from fluvial.schema.arrow_mapping import arrow_to_json_schema
+from fluvial.schema.base64_text import b64decode, b64encode
 from fluvial.schema.avro_binary import DecodeErrors, binary_from_buffers, decode_avro, encode_avro, pad
 from fluvial.schema.compatibility import arrow_can_evolve
 from fluvial.schema.errors import SchemaNotFoundError, UnsupportedSchemaError
@@ -456,7 +457,7 @@ def _json_read_field(f: pa.Field) -> pa.Field:
     """The type the JSON reader produces for a column (dates and date-times are read as
     text, then cast)."""
     t = f.type
-    if pa.types.is_date32(t) or pa.types.is_timestamp(t) or pa.types.is_time(t):
+    if pa.types.is_date32(t) or pa.types.is_timestamp(t) or pa.types.is_time(t) or _is_bytes(t):
         return pa.field(f.name, pa.string(), True)
     if pa.types.is_struct(t):
         return pa.field(f.name, pa.struct([_json_read_field(c) for c in t]), True)
@@ -467,8 +468,12 @@ def _json_read_field(f: pa.Field) -> pa.Field:
     return pa.field(f.name, t, True)
 
 
+def _is_bytes(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
 def _has_date(t: pa.DataType) -> bool:
-    if pa.types.is_date32(t) or pa.types.is_timestamp(t) or pa.types.is_time(t):
+    if pa.types.is_date32(t) or pa.types.is_timestamp(t) or pa.types.is_time(t) or _is_bytes(t):
         return True
     if pa.types.is_struct(t):
         return any(_has_date(f.type) for f in t)
@@ -479,6 +484,12 @@ def _cast_json(arr: pa.Array, f: pa.Field, errors: DecodeErrors, rows: np.ndarra
     """The reader's columns in the table's types: date texts become dates (records with
     other texts are refused), struct and list types take the table's nullability."""
     t = f.type
+    if _is_bytes(t):
+        values, bad = b64decode(arr)
+        if bad.any():
+            what = f"field {path!r}: not base64 text (RFC 4648, padded)"
+            errors.add(rows[bad] if rows.size == len(arr) else np.arange(errors.first.size), what)
+        return values.cast(t)
     if pa.types.is_time(t):
         try:
             return _time_of_day(arr, t)
@@ -561,6 +572,8 @@ def _as_json_texts(arr: pa.Array) -> pa.Array:
     3339 texts (UTC with `Z` for zoned timestamps, no offset for local ones), times as
     `HH:MM:SS[.fff]`, decimals (of up to 15 digits) as the float64 holding them exactly."""
     t = arr.type
+    if _is_bytes(t):
+        return b64encode(arr)
     if pa.types.is_time(t):
         return pc.cast(arr, pa.string())
     if pa.types.is_decimal(t):
@@ -583,7 +596,7 @@ def _as_json_texts(arr: pa.Array) -> pa.Array:
 
 def _has_timestamp(t: pa.DataType) -> bool:
     """Whether a column holds values JSON carries differently (see `_as_json_texts`)."""
-    if pa.types.is_timestamp(t) or pa.types.is_time(t) or pa.types.is_decimal(t):
+    if pa.types.is_timestamp(t) or pa.types.is_time(t) or pa.types.is_decimal(t) or _is_bytes(t):
         return True
     if pa.types.is_struct(t):
         return any(_has_timestamp(f.type) for f in t)
