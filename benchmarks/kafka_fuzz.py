@@ -1,6 +1,7 @@
 """A mutation fuzzer over the Kafka listener, fed with requests of real clients.
 
-`record` runs real clients (confluent-kafka, kafka-python, aiokafka) against a broker
+`record` runs real clients (confluent-kafka, kafka-python, aiokafka, Apache Kafka's Java
+tools) against a broker
 through a recording proxy and writes the request frames they sent: the corpus (a file of
 Kafka frames, each with its size prefix). `fuzz` sends mutations of those frames (bit
 flips, integer and varint lies, truncation, wrong versions, splices, frames cut short) over
@@ -214,6 +215,37 @@ def _client_sessions(bootstrap: str) -> None:
     asyncio.run(with_aiokafka())
 
 
+def _java_sessions(bootstrap: str) -> None:
+    """Apache Kafka's own tools (when `python -m benchmarks.kafka_dist fetch` has run): the
+    Java admin client's and console clients' requests (DescribeTopicPartitions, ListGroups
+    with a states filter, the Java consumer's fetches and leader-epoch checks)."""
+    import subprocess
+
+    from benchmarks import kafka_dist
+
+    if not kafka_dist.is_fetched():
+        print("Apache Kafka's jars are not fetched: no Java requests in the corpus", file=sys.stderr)
+        return
+    server = ("--bootstrap-server", bootstrap)
+    runs = [
+        (("org.apache.kafka.tools.TopicCommand", *server, "--describe", "--topic", "fz-raw"), None),
+        (("org.apache.kafka.tools.TopicCommand", *server, "--create", "--topic", "fz-java", "--partitions", "2"), None),
+        (("org.apache.kafka.tools.ConsoleProducer", *server, "--topic", "fz-java", "--property", "parse.key=true"),
+         b"k1\tv1\nk2\tv2\n"),
+        (("org.apache.kafka.tools.consumer.ConsoleConsumer", *server, "--topic", "fz-java", "--group", GROUP + "-java",
+          "--from-beginning", "--max-messages", "2", "--timeout-ms", "15000"), None),
+        (("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", *server, "--list", "--state", "Empty"), None),
+        (("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", *server, "--describe", "--group",
+          GROUP + "-java"), None),
+        (("org.apache.kafka.tools.TopicCommand", *server, "--delete", "--topic", "fz-java"), None),
+    ]
+    for args, stdin in runs:
+        try:
+            subprocess.run(kafka_dist.java_tool(*args), input=stdin, capture_output=True, timeout=90)
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            print(f"{args[0]}: {exc}", file=sys.stderr)
+
+
 def record(out: Path, per_kind: int = 12) -> list[bytes]:
     """Run the client sessions through the proxy; keep up to `per_kind` distinct frames per
     (API key, version) and write them to `out`."""
@@ -227,6 +259,7 @@ def record(out: Path, per_kind: int = 12) -> list[bytes]:
         proxy = RecordingProxy(broker.port)
         try:
             _client_sessions(f"{PROXY_HOST}:{broker.port}")
+            _java_sessions(f"{PROXY_HOST}:{broker.port}")
         finally:
             proxy.close()
             broker.stop()
@@ -391,8 +424,12 @@ def _restore_topics(bootstrap: str) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    present = set(admin.list_topics(timeout=10).topics)
-    extra = [t for t in present if t not in TOPICS and not t.startswith("__")]
+    metadata = admin.list_topics(timeout=10).topics
+    # Grown by a fuzzed CreatePartitions (up to 10,000 buckets): recreated at its size, so
+    # that memory measures the broker, not the tables the fuzzer made it create.
+    grown = [t for t, n in TOPICS.items() if t in metadata and len(metadata[t].partitions) != n]
+    present = set(metadata) - set(grown)
+    extra = [t for t in metadata if (t not in TOPICS or t in grown) and not t.startswith("__")]
     if extra:
         for f in admin.delete_topics(extra).values():
             try:
