@@ -10,8 +10,8 @@ can serve at most 1 s / (CPU per request) requests per second on its event loop.
 
 Run: `python benchmarks/bench_small_requests.py [--rounds 3] [--requests 1500] [--flush ack,none]
 [--baseline REV]`. Results: benchmarks/results/small-requests.json (median of the rounds, with
-the load average). `--baseline REV` also runs the broker of an older commit (a detached git
-worktree under benchmarks/.cache/, compiled extensions copied from this checkout), its rounds
+the load average). `--baseline REV` also runs the broker of an older commit (its tree exported
+with `git archive` under benchmarks/.cache/, compiled extensions copied from this checkout), its rounds
 alternating with this checkout's so that both see the same machine load; its figures are
 saved under "<system>@<rev>".
 """
@@ -118,8 +118,10 @@ def baseline_checkout(rev: str) -> Path:
     parent = ROOT / "benchmarks" / ".cache" / f"baseline-{sha}"
     tree = parent / "fluvial"
     if not tree.exists():
-        parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=ROOT, check=True)
+        # An exported tree (not a git worktree): nothing is registered in the repository.
+        tree.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", sha], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     for ext in glob.glob(str(ROOT / "**" / "*.so"), recursive=True):
         rel = Path(ext).relative_to(ROOT)
         if rel.parts[0] not in ("benchmarks", "build", ".cache") and (tree / rel).parent.exists():

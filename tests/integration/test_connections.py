@@ -145,3 +145,46 @@ def test_clients_gone_with_produce_requests_in_flight_leave_the_broker_serving(f
     # Answers to a closed connection are dropped quietly, not written (asyncio logs each such write).
     assert "socket.send() raised exception" not in log
     assert "never awaited" not in log
+
+
+def test_pipelined_requests_answered_in_order_when_answers_are_joined(fresh_broker):
+    """Answers ready together are sent in one write: still one frame per request, in request
+    order, each produce acknowledged with its own offset."""
+    from benchmarks.bench_small_requests import _produce_requests
+    from fluvial.protocol.messages import ApiKey, decode_response, encode_request
+
+    from benchmarks.clients import create_topic
+
+    b = fresh_broker()
+    topic = "pipelined"
+    create_topic(b.bootstrap, topic, 2)
+    produce = {p: _produce_requests(topic, p, 30) for p in (0, 1)}
+    frames, expected = [], []
+    correlation = 1000
+    for i in range(30):
+        for p in (0, 1):
+            # Re-number: every request of the connection gets its own correlation id.
+            frame = bytearray(produce[p][i])
+            correlation += 1
+            struct.pack_into(">i", frame, 8, correlation)
+            frames.append(bytes(frame))
+            expected.append((correlation, ApiKey.PRODUCE, p))
+        if i % 7 == 0:  # an answer that needs no fsync, between ones that wait for it
+            correlation += 1
+            frames.append(encode_request(ApiKey.API_VERSIONS, 0, correlation, {}, client_id="t"))
+            expected.append((correlation, ApiKey.API_VERSIONS, None))
+    host, port = b.bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        f = s.makefile("rb")
+        s.sendall(b"".join(frames))  # all in flight at once
+        offsets = {0: [], 1: []}
+        for want, api, partition in expected:
+            (size,) = struct.unpack(">i", f.read(4))
+            body = f.read(size)
+            assert struct.unpack_from(">i", body, 0)[0] == want
+            if api == ApiKey.PRODUCE:
+                _, response = decode_response(ApiKey.PRODUCE, 9, body)
+                [part] = response.responses[0].partition_responses
+                assert part.error_code == 0 and part.index == partition
+                offsets[partition].append(part.base_offset)
+    assert offsets[0] == list(range(30)) and offsets[1] == list(range(30))
