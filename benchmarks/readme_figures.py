@@ -142,6 +142,25 @@ def _connection_rows() -> list[Row]:
                          f"{run['timed_out']:,} of {run['sent']:,}; new connection p50 "
                          f"{run.get('new_connection_ms_p50', float('nan')):,.1f} ms",
                          setup + f"; load {_load_text(run, 'loadavg', 'load_average')}", "bench_connections.py"))
+    for name in ("connections-go-50.json", "connections-go.json"):
+        data = _load(name)
+        settings = _get(data, "settings") or {}
+        setup = (f"Go load generator (franz-go, one process): {settings.get('producers', '?')} producers, "
+                 f"{settings.get('rate', 0):,.0f} rec/s, {settings.get('idle', '?')} idle connections")
+        for system in ("kafka", "fluvial"):
+            median, runs = _get(data, "median", system), _get(data, "figures", system) or []
+            if not median:
+                rows.append((f"many producers, Go client ({system})", "not measured", setup, "bench_connections.py"))
+                continue
+            worst = max(runs, key=lambda r: r["ack_ms_p99"]) if runs else median
+            rows.append((f"many producers, Go client ({system})",
+                         f"ack p50 {median['ack_ms_p50']:,.1f} ms, p99 {median['ack_ms_p99']:,.1f} ms (worst round "
+                         f"{worst['ack_ms_p99']:,.1f} ms); timed out {median['timed_out']:,} of {median['sent']:,}; "
+                         f"new connection p50 {median['new_connection_ms_p50']:,.1f} ms; RSS with idle "
+                         f"{median['rss_mb_with_idle']:,.0f} MB",
+                         setup + f"; median of {median.get('rounds', len(runs))} rounds; load before "
+                         f"{median.get('loadavg_before_min', 0):.1f}–{median.get('loadavg_before_max', 0):.1f}",
+                         "bench_connections.py --client go"))
     data = _load("small-requests.json")
     for system, figures in (_get(data, "figures") or {}).items():
         rows.append((f"broker CPU per 1-record acks=all produce request ({system})",
