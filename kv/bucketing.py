@@ -18,21 +18,29 @@ def murmur2(data: bytes) -> int:
     return int(arr.view(np.int32)[0])
 
 
-def murmur2_array(keys: pa.Array) -> np.ndarray:
-    """murmur2 of every value of a binary array (uint32), all keys advanced together one
-    4-byte word at a time, so the Python loop runs over word positions, not keys."""
+def _key_bytes(keys: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Each key's start and length in one byte buffer, and the buffer; None when no keys."""
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
     if not pa.types.is_binary(keys.type):
         keys = keys.cast(pa.binary())
     n = len(keys)
     if n == 0:
-        return np.zeros(0, np.uint32)
+        return None
     _, obuf, dbuf = keys.buffers()
     offsets = np.frombuffer(obuf, np.int32, n + 1, keys.offset * 4).astype(np.int64)
     start = offsets[:-1]
-    length = offsets[1:] - start
     data = np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
+    return start, offsets[1:] - start, data
+
+
+def murmur2_array(keys: pa.Array) -> np.ndarray:
+    """murmur2 of every value of a binary array (uint32), all keys advanced together one
+    4-byte word at a time, so the Python loop runs over word positions, not keys."""
+    parts = _key_bytes(keys)
+    if parts is None:
+        return np.zeros(0, np.uint32)
+    start, length, data = parts
     data = np.concatenate([data, np.zeros(4, np.uint8)])
     with np.errstate(over="ignore"):
         h = _SEED ^ length.astype(np.uint32)
@@ -72,19 +80,11 @@ _CRC32 = _crc32_table()
 def crc32_array(keys: pa.Array) -> np.ndarray:
     """CRC-32 (IEEE, as zlib and librdkafka compute it) of every value of a binary array
     (uint32), all keys advanced together one byte at a time."""
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    if not pa.types.is_binary(keys.type):
-        keys = keys.cast(pa.binary())
-    n = len(keys)
-    if n == 0:
+    parts = _key_bytes(keys)
+    if parts is None:
         return np.zeros(0, np.uint32)
-    _, obuf, dbuf = keys.buffers()
-    offsets = np.frombuffer(obuf, np.int32, n + 1, keys.offset * 4).astype(np.int64)
-    start = offsets[:-1]
-    length = offsets[1:] - start
-    data = np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
-    crc = np.full(n, 0xFFFFFFFF, np.uint32)
+    start, length, data = parts
+    crc = np.full(len(start), 0xFFFFFFFF, np.uint32)
     for p in range(int(length.max())):
         rows = np.flatnonzero(length > p)
         c = crc[rows]

@@ -187,17 +187,7 @@ class KvTablet:
         prev = np.full(n, -1, np.int64)
         prev[order[~first_in_group]] = order[np.flatnonzero(~first_in_group) - 1]
 
-        old_values = self.db.get(unique_keys)
-        exists = np.fromiter((v is not None for v in old_values), bool, g_count)
-        present = np.flatnonzero(exists)
-        old_bytes = pa.array(old_values, pa.binary())
-        if present.size:
-            take = np.full(g_count, -1, np.int64)
-            take[present] = np.arange(present.size)
-            decoded = self.codec.decode(old_bytes.take(pa.array(present))).cast(self._row_type)
-            old_rows = decoded.take(pa.array(take, mask=~exists))
-        else:
-            old_rows = pa.nulls(g_count, self._row_type)
+        old_rows, exists, old_bytes = self._stored_rows(unique_keys)
         if partial_columns is not None:
             # Non-target columns cannot change within the batch (no deletes ride with a
             # partial update): they come from the stored row, or are null for a new key.
@@ -319,21 +309,25 @@ class KvTablet:
         changelog = self._changelog_batch(pool.take(pa.array(take)), res.change, res.src)
         return KvWrite(changelog, res.keys, res.values, res.stats)
 
+    def _stored_rows(self, keys: list[bytes]) -> tuple[pa.StructArray, np.ndarray, pa.BinaryArray]:
+        """The stored row of each key (null where none), which keys have one, and the stored
+        bytes (null where none): one multi-get."""
+        old_values = self.db.get(keys)
+        exists = np.fromiter((v is not None for v in old_values), bool, len(keys))
+        old_bytes = pa.array(old_values, pa.binary())
+        present = np.flatnonzero(exists)
+        if not present.size:
+            return pa.nulls(len(keys), self._row_type), exists, old_bytes
+        take = np.full(len(keys), -1, np.int64)
+        take[present] = np.arange(present.size)
+        decoded = self.codec.decode(old_bytes.take(pa.array(present))).cast(self._row_type)
+        return decoded.take(pa.array(take, mask=~exists)), exists, old_bytes
+
     def _prepare_aggregate(self, new_rows: pa.StructArray, group: np.ndarray, unique_keys: list[bytes],
                            deletes: np.ndarray, retract: np.ndarray) -> KvWrite:
         self._aggregate.check_retractions(retract)
         g_count = len(unique_keys)
-        old_values = self.db.get(unique_keys)
-        exists = np.fromiter((v is not None for v in old_values), bool, g_count)
-        present = np.flatnonzero(exists)
-        old_bytes = pa.array(old_values, pa.binary())
-        if present.size:
-            take = np.full(g_count, -1, np.int64)
-            take[present] = np.arange(present.size)
-            decoded = self.codec.decode(old_bytes.take(pa.array(present))).cast(self._row_type)
-            old_rows = decoded.take(pa.array(take, mask=~exists))
-        else:
-            old_rows = pa.nulls(g_count, self._row_type)
+        old_rows, exists, old_bytes = self._stored_rows(unique_keys)
         final, final_exists, last_write = self._aggregate.fold(new_rows, group, g_count, old_rows, exists,
                                                                retract, deletes)
         live = np.flatnonzero(final_exists)
