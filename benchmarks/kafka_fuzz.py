@@ -368,6 +368,8 @@ class FuzzReport:
     rss_end_mb: float
     rss_peak_mb: float
     failures: list[str] = field(default_factory=list)
+    # RSS at each tenth of the run: growth that stops (caches filling) or keeps on (a leak).
+    rss_tenths_mb: list[float] = field(default_factory=list)
 
 
 class _Worker(threading.Thread):
@@ -487,7 +489,7 @@ def fuzz(broker, corpus: list[bytes], seconds: float, workers: int = 3, seed: in
     return FuzzReport(round(elapsed, 2), total, round(total / elapsed, 1), dict(outcomes), dict(mutations),
                       probe_report.samples, round(probe_report.max_ms, 1), round(probe_report.p99_ms, 1),
                       round(rss[1 if len(rss) > 2 else 0] * mb, 1), round(rss[-1] * mb, 1), round(max(rss) * mb, 1),
-                      failures)
+                      failures, [round(rss[min(len(rss) - 1, len(rss) * i // 10)] * mb, 1) for i in range(1, 11)])
 
 
 # -- registry and table API -----------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Runs a real `fluvial broker` process for integration tests."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -16,6 +17,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# Brokers a test started and did not stop (it failed half-way): killed when the test run
+# ends, so no broker outlives the run that started it.
+_STARTED: set[subprocess.Popen] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for proc in list(_STARTED):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 class BrokerProcess:
@@ -48,6 +62,7 @@ class BrokerProcess:
                "--kafka-port", str(self.port), "--http-port", "0", "--flight-port", "0", "--log-format", "text", *self.extra_args]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        _STARTED.add(self.proc)
         ready = threading.Event()
 
         def watch():
@@ -82,6 +97,7 @@ class BrokerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait()
+        _STARTED.discard(self.proc)
         self.proc = None
         return code
 
@@ -89,6 +105,7 @@ class BrokerProcess:
         if self.proc is not None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
+            _STARTED.discard(self.proc)
             self.proc = None
 
     def restart(self) -> "BrokerProcess":
