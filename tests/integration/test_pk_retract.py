@@ -173,17 +173,24 @@ def test_invalid_change_types_refuse_the_whole_batch(broker):
     name = f"t1-retract-bad-{next(_names)}"
     create_topic(broker, name, **{"fluvial.merge.engine": "retract"})
     w = ChangelogWriter(broker, name)
-    # A long linger: both records go in one batch.
-    w.producer = Producer({"bootstrap.servers": broker.bootstrap, "partitioner": "murmur2_random",
-                           "linger.ms": 2000, "acks": "all", "retries": 0})
-    w.send(("+I", 1, 10, "a1"))
-    kind, i, level, attr = ("+I", 2, 10, "x")
-    key = w.key_ser({"id": i}, SerializationContext(name, MessageField.KEY))
-    value = w.value_ser({"id": i, "level": level, "attr": attr}, SerializationContext(name, MessageField.VALUE))
-    w.producer.produce(name, key=key, value=value, headers=[("fluvial.change", b"+X")],
-                       on_delivery=lambda e, m: w.errors.append(e) if e else None)
-    w.producer.flush(15)
-    assert [e.name() for e in w.errors] == ["INVALID_RECORD", "INVALID_RECORD"]  # the valid one too
+    # kafka-python's producer puts both records in one batch (librdkafka may send the first
+    # alone, whatever its linger): one valid record, one with an invalid change type.
+    from kafka import KafkaProducer
+    from kafka.errors import InvalidRecordError as KafkaInvalidRecord, KafkaError
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", retries=0, linger_ms=60_000,
+                             batch_size=1 << 20)
+    futures = []
+    for kind, i in (("+I", 1), ("+X", 2)):
+        key = w.key_ser({"id": i}, SerializationContext(name, MessageField.KEY))
+        value = w.value_ser({"id": i, "level": 10, "attr": "x"}, SerializationContext(name, MessageField.VALUE))
+        futures.append(producer.send(name, key=key, value=value, headers=[("fluvial.change", kind.encode())]))
+    producer.flush(15)
+    # KIP-467: the record named in the answer fails as invalid, the rest of its batch fails too.
+    with pytest.raises(KafkaError, match="part of a batch which had one more more invalid records"):
+        futures[0].get(timeout=15)
+    with pytest.raises(KafkaInvalidRecord, match="invalid change type"):
+        futures[1].get(timeout=15)
+    producer.close()
     with connect(broker.flight_url) as client:
         t = client.table(name)
         assert lookup_all(client, name, [1, 2]) == {}  # nothing of the batch was applied
