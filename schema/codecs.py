@@ -472,12 +472,18 @@ def _is_bytes(t: pa.DataType) -> bool:
     return pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
-def _has_date(t: pa.DataType) -> bool:
-    if pa.types.is_date32(t) or pa.types.is_timestamp(t) or pa.types.is_time(t) or _is_bytes(t):
+def _contains(t: pa.DataType, leaf) -> bool:
+    """Whether `leaf(type)` holds for `t` or any type nested in its structs and lists."""
+    if leaf(t):
         return True
     if pa.types.is_struct(t):
-        return any(_has_date(f.type) for f in t)
-    return pa.types.is_list(t) and _has_date(t.value_type)
+        return any(_contains(f.type, leaf) for f in t)
+    return pa.types.is_list(t) and _contains(t.value_type, leaf)
+
+
+def _has_date(t: pa.DataType) -> bool:
+    return _contains(t, lambda x: pa.types.is_date32(x) or pa.types.is_timestamp(x) or pa.types.is_time(x)
+                     or _is_bytes(x))
 
 
 def _cast_json(arr: pa.Array, f: pa.Field, errors: DecodeErrors, rows: np.ndarray, path: str) -> pa.Array:
@@ -596,11 +602,8 @@ def _as_json_texts(arr: pa.Array) -> pa.Array:
 
 def _has_timestamp(t: pa.DataType) -> bool:
     """Whether a column holds values JSON carries differently (see `_as_json_texts`)."""
-    if pa.types.is_timestamp(t) or pa.types.is_time(t) or pa.types.is_decimal(t) or _is_bytes(t):
-        return True
-    if pa.types.is_struct(t):
-        return any(_has_timestamp(f.type) for f in t)
-    return pa.types.is_list(t) and _has_timestamp(t.value_type)
+    return _contains(t, lambda x: pa.types.is_timestamp(x) or pa.types.is_time(x) or pa.types.is_decimal(x)
+                     or _is_bytes(x))
 
 
 def _struct_field(arr: pa.StructArray, i: int) -> pa.Array:
