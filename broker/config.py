@@ -6,6 +6,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fluvial.security.config import SecurityConfig
+
 DAY_MS = 24 * 3600 * 1000
 
 
@@ -65,6 +67,8 @@ class BrokerConfig:
     remote_fetch_max_wait_ms: int = 500
     # How often the metrics history behind the console's charts takes a sample.
     metrics_sample_interval_ms: int = 5_000
+    # TLS, SASL and ACLs of the Kafka, HTTP and Flight listeners (docs/security.md).
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     @property
     def advertised(self) -> str:

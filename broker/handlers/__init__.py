@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from fluvial.protocol.messages import RESPONSE_CLASSES, RequestHeader
+from fluvial.security.principal import ANONYMOUS, Principal
 
 if TYPE_CHECKING:
     from fluvial.broker.broker import Broker
@@ -25,6 +26,9 @@ class RequestContext:
     broker: "Broker"
     header: RequestHeader
     peer: str
+    # Who sent the request (set by the listener once the connection authenticated) and from
+    # which host, as ACLs see them.
+    principal: Principal = ANONYMOUS
 
     @property
     def version(self) -> int:
