@@ -14,6 +14,7 @@ from fluvial.broker.metadata import MetadataStore
 from fluvial.broker.server import KafkaServer
 from fluvial.broker.tables import TableManager
 from fluvial.broker.wire_cache import WireCache
+from fluvial.security.authorizer import Authorizer
 from fluvial.tiering.object_store import open_object_store
 from fluvial.tiering.remote_log_manager import RemoteLogManager
 
@@ -44,6 +45,8 @@ class Broker:
         self.object_store = open_object_store(config.object_store_url or (self.data_dir / "remote").absolute().as_uri(),
                                               config.object_store_options or None)
         self.remote_log = RemoteLogManager(self, self.object_store)
+        # ACL decisions for every listener (always 'allowed' when the authorizer is off).
+        self.authorizer = Authorizer(config.security)
         self.kafka = KafkaServer(self)
         self.kafka_port: int | None = None
         self._background: list[asyncio.Task] = []
