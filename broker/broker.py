@@ -15,6 +15,7 @@ from fluvial.broker.server import KafkaServer
 from fluvial.broker.tables import TableManager
 from fluvial.broker.wire_cache import WireCache
 from fluvial.security.authorizer import Authorizer
+from fluvial.security.users import UserStore
 from fluvial.tiering.object_store import open_object_store
 from fluvial.tiering.remote_log_manager import RemoteLogManager
 
@@ -47,6 +48,8 @@ class Broker:
         self.remote_log = RemoteLogManager(self, self.object_store)
         # ACL decisions for every listener (always 'allowed' when the authorizer is off).
         self.authorizer = Authorizer(config.security)
+        # Users and their SCRAM credentials (SASL on the Kafka listener, basic auth elsewhere).
+        self.users = UserStore.in_data_dir(self.data_dir)
         self.kafka = KafkaServer(self)
         self.kafka_port: int | None = None
         self._background: list[asyncio.Task] = []
@@ -71,6 +74,9 @@ class Broker:
         raise_open_files_limit()
         warn_without_compiled_codec()
         self.tables.open_all()
+        if self.config.security.bootstrap_users:
+            await asyncio.get_running_loop().run_in_executor(self.io_executor, self.users.bootstrap,
+                                                             self.config.security.bootstrap_users)
         for hook in _START_HOOKS:
             await hook(self)
         self.kafka_port = await self.kafka.start(self.config.host, self.config.kafka_port)
