@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import IO
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import psutil
 
@@ -74,8 +74,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until_serving(bootstrap: str, timeout_s: float, alive: Callable[[], bool]) -> None:
-    """Block until a Kafka client gets metadata from `bootstrap` (or raise)."""
+def wait_until_serving(bootstrap: str, timeout_s: float, alive: Callable[[], bool],
+                       client_config: dict[str, object] | None = None) -> None:
+    """Block until a Kafka client gets metadata from `bootstrap` (or raise); `client_config`
+    adds the client's security settings for a TLS or SASL listener."""
     from confluent_kafka.admin import AdminClient
 
     deadline = time.monotonic() + timeout_s
@@ -84,7 +86,7 @@ def wait_until_serving(bootstrap: str, timeout_s: float, alive: Callable[[], boo
         if not alive():
             raise BrokerStartError(f"broker process at {bootstrap} exited during start-up")
         if _port_open(bootstrap):
-            admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+            admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **(client_config or {})})
             try:
                 md = admin.list_topics(timeout=2)
                 if md.brokers:
@@ -364,7 +366,10 @@ def _fluvial_options() -> str:
         return ""
 
 
-def start_fluvial(workdir: Path, spec: SystemSpec, timeout_s: float = 60.0) -> RunningBroker:
+def start_fluvial(workdir: Path, spec: SystemSpec, timeout_s: float = 60.0, extra_args: Sequence[str] = (),
+                  client_config: dict[str, object] | None = None) -> RunningBroker:
+    """`extra_args` go to `fluvial broker` as they are (e.g. security settings); `client_config`
+    is what a client needs to reach the Kafka listener they configure."""
     port = free_port()
     data_dir = workdir / "data"
     cmd = [*fluvial_command(), "--data-dir", str(data_dir), "--host", "127.0.0.1", "--kafka-port", str(port)]
@@ -375,6 +380,7 @@ def start_fluvial(workdir: Path, spec: SystemSpec, timeout_s: float = 60.0) -> R
     listeners = {flag: free_port() for flag in ("--flight-port", "--http-port") if flag in options}
     for flag, listener_port in listeners.items():
         cmd += [flag, str(listener_port)]
+    cmd += list(extra_args)
     log_path = workdir / "fluvial.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
@@ -382,7 +388,7 @@ def start_fluvial(workdir: Path, spec: SystemSpec, timeout_s: float = 60.0) -> R
                            log_path=log_path, version=_fluvial_version(), listeners=listeners, _proc=proc,
                            _log=log)
     try:
-        wait_until_serving(broker.bootstrap, timeout_s, broker.alive)
+        wait_until_serving(broker.bootstrap, timeout_s, broker.alive, client_config)
     except BaseException:
         broker.stop()
         raise BrokerStartError(f"Fluvial ({spec.name}) did not start: {' '.join(cmd)}\nlog tail:\n"

@@ -79,8 +79,9 @@ def unique_name(prefix: str) -> str:
 
 # --- topics ---------------------------------------------------------------------------------------
 
-def create_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float = 30.0) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+def create_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float = 30.0,
+                 security: dict[str, object] | None = None) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3, **(security or {})})
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)],
                                   operation_timeout=timeout_s, request_timeout=timeout_s)
     try:
@@ -101,10 +102,10 @@ def _wait_for_leaders(admin: AdminClient, topic: str, partitions: int, timeout_s
     raise CaseFailed(f"topic {topic} has no leader for all {partitions} partitions after {timeout_s}s")
 
 
-def delete_topic(bootstrap: str, topic: str) -> None:
+def delete_topic(bootstrap: str, topic: str, security: dict[str, object] | None = None) -> None:
     """Best effort: a failed delete costs only disk space in a temp dir."""
     try:
-        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **(security or {})})
         admin.delete_topics([topic], operation_timeout=10, request_timeout=10)[topic].result(timeout=15)
     except Exception:
         pass
@@ -123,8 +124,9 @@ class Throughput:
 
 
 def produce_confluent(bootstrap: str, topic: str, count: int, size: int, timeout_s: float,
-                      settings: ProducerSettings = PRODUCER) -> Throughput:
-    """Produce `count` values of `size` bytes as fast as the client goes; timed to the last ack."""
+                      settings: ProducerSettings = PRODUCER, security: dict[str, object] | None = None) -> Throughput:
+    """Produce `count` values of `size` bytes as fast as the client goes; timed to the last ack.
+    `security`: the client's TLS/SASL settings (security.protocol, sasl.*, ssl.*)."""
     errors: list[str] = []
 
     def on_error(err, _msg) -> None:
@@ -132,7 +134,7 @@ def produce_confluent(bootstrap: str, topic: str, count: int, size: int, timeout
             errors.append(str(err))
 
     config = settings.confluent(bootstrap) | {"message.timeout.ms": int(timeout_s * 1000),
-                                              "on_delivery": on_error}
+                                              "on_delivery": on_error} | (security or {})
     producer = Producer(config)
     value = payload(size)
     produce, poll = producer.produce, producer.poll
@@ -158,12 +160,13 @@ def produce_confluent(bootstrap: str, topic: str, count: int, size: int, timeout
     return Throughput(count, count * size, elapsed)
 
 
-def consume_confluent(bootstrap: str, topic: str, expected: int, partitions: int, timeout_s: float) -> Throughput:
+def consume_confluent(bootstrap: str, topic: str, expected: int, partitions: int, timeout_s: float,
+                      security: dict[str, object] | None = None) -> Throughput:
     """Read a topic from the start until `expected` records arrived. Partitions are assigned
     directly (no group join), and the clock runs from the first batch received to the last, so
     connection and offset lookup are not counted (ConsumerPerformance also leaves its set-up out);
     the first batch's records are therefore not counted either."""
-    consumer = Consumer(confluent_consumer_config(bootstrap, unique_name("bench")))
+    consumer = Consumer(confluent_consumer_config(bootstrap, unique_name("bench")) | (security or {}))
     try:
         consumer.assign([TopicPartition(topic, p, -2) for p in range(partitions)])  # -2 = beginning
         deadline = time.monotonic() + timeout_s
