@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import Callable
 
+from fluvial.broker import http_security
 from fluvial.broker.broker import configure_http_app, on_start, on_stop
 from fluvial.broker.kafka_batches import RAW
 from fluvial.errors import InvalidConfigError
@@ -161,11 +162,17 @@ async def start_registry(broker) -> None:
     registry.validators.append(table_validator(schemas.is_typed_table_subject))
     broker.extensions["registry"] = registry
     broker.extensions["table_schemas"] = schemas
-    runner = await start_http(registry, broker.config.host, broker.config.http_port,
-                              configure=lambda app: configure_http_app(broker, app))
+    def configure(app) -> None:
+        configure_http_app(broker, app)
+        http_security.install(broker, app)
+
+    runner = await start_http(registry, broker.config.host, broker.config.http_port, configure=configure,
+                              ssl_context=http_security.ssl_context(broker))
     broker.extensions["registry_http"] = runner
     broker.ports["http_port"] = runner.addresses[0][1]
-    log.info("schema registry listening on %s:%d", broker.config.host, broker.ports["http_port"])
+    log.info("HTTP port (schema registry, console, metrics) listening on %s://%s:%d (authentication: %s)",
+             "https" if broker.config.security.http_tls else "http", broker.config.host, broker.ports["http_port"],
+             broker.config.security.http_auth)
 
 
 @on_stop

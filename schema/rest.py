@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
@@ -15,6 +16,13 @@ CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 log = logging.getLogger(__name__)
 
 _REGISTRY = web.AppKey("registry", SchemaRegistry)
+# Which of a list of subjects the client may see (the broker's ACLs); all when unset.
+SUBJECT_FILTER = web.AppKey("subject_filter", Callable)
+
+
+def _visible(request: web.Request, subjects: list[str]) -> list[str]:
+    visible = request.app.get(SUBJECT_FILTER)
+    return visible(request, subjects) if visible is not None else subjects
 
 
 def _reply(body: Any, status: int = 200) -> web.Response:
@@ -114,20 +122,21 @@ async def schema_text_by_id(request: web.Request) -> web.Response:
 async def schema_id_versions(request: web.Request) -> web.Response:
     reg = request.app[_REGISTRY]
     vs = await _run(request, reg.schema_versions, _int(request.match_info["id"]))
-    return _reply([{"subject": v.subject, "version": v.version} for v in vs])
+    shown = set(_visible(request, sorted({v.subject for v in vs})))
+    return _reply([{"subject": v.subject, "version": v.version} for v in vs if v.subject in shown])
 
 
 async def schema_id_subjects(request: web.Request) -> web.Response:
     reg = request.app[_REGISTRY]
     vs = await _run(request, reg.schema_versions, _int(request.match_info["id"]))
-    return _reply(sorted({v.subject for v in vs}))
+    return _reply(_visible(request, sorted({v.subject for v in vs})))
 
 
 async def list_subjects(request: web.Request) -> web.Response:
     reg = request.app[_REGISTRY]
     subjects = await _run(request, reg.subjects, _flag(request, "deleted"))
     prefix = request.query.get("subjectPrefix", "")
-    return _reply([s for s in subjects if s.startswith(prefix)])
+    return _reply(_visible(request, [s for s in subjects if s.startswith(prefix)]))
 
 
 async def list_versions(request: web.Request) -> web.Response:
@@ -264,14 +273,16 @@ def make_app(registry: SchemaRegistry, body_timeout_s: float = BODY_TIMEOUT_S) -
 
 async def start_http(registry: SchemaRegistry, host: str = "0.0.0.0", port: int = 8081,
                      body_timeout_s: float = BODY_TIMEOUT_S,
-                     configure: Callable[[web.Application], None] | None = None) -> web.AppRunner:
-    """Serve the registry in the running event loop; stop it with `await runner.cleanup()`.
-    `configure(app)` adds the broker's other routes (metrics, console) before it starts."""
+                     configure: Callable[[web.Application], None] | None = None,
+                     ssl_context: "ssl.SSLContext | None" = None) -> web.AppRunner:
+    """Serve the registry in the running event loop (over TLS with `ssl_context`); stop it
+    with `await runner.cleanup()`. `configure(app)` adds the broker's other routes (metrics,
+    console) and its access checks before it starts."""
     app = make_app(registry, body_timeout_s)
     if configure is not None:
         configure(app)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     return runner

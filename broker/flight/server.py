@@ -18,7 +18,9 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from fluvial.broker.broker import on_start, on_stop
-from fluvial.broker.flight import catalog
+from fluvial.broker.flight import auth, catalog
+from fluvial.broker.flight.access import LISTING_ACTIONS, Caller, check_action
+from fluvial.security.acls import AclOperation
 from fluvial.broker.flight import pk as pk_api
 from fluvial.broker.flight import tiering as tiering_api
 from fluvial.broker.flight import compaction as compaction_api
@@ -52,8 +54,8 @@ _SCAN_COUNT_LOCK = threading.Lock()
 class TableFlightServer(flight.FlightServerBase):
     """Serves scans, appends and table metadata of one broker."""
 
-    def __init__(self, broker, loop: asyncio.AbstractEventLoop, location: str):
-        super().__init__(location)
+    def __init__(self, broker, loop: asyncio.AbstractEventLoop, location: str, **options):
+        super().__init__(location, **options)
         self.broker = broker
         self.loop = loop
         self.stopping = False
@@ -99,12 +101,15 @@ class TableFlightServer(flight.FlightServerBase):
 
     @flight_errors
     def list_flights(self, context, criteria):
+        caller = Caller.of(self.broker, context)
         for table in list(self.broker.tables.tables.values()):
-            yield self._flight_info(table)
+            if caller.may(AclOperation.DESCRIBE, table.name):
+                yield self._flight_info(table)
 
     @flight_errors
     def get_flight_info(self, context, descriptor):
         name, columns = _descriptor_target(descriptor)
+        Caller.of(self.broker, context).require(AclOperation.DESCRIBE, name)
         table = self._table(name)
         if columns is not None:
             plan_scan(table.buckets[0], ScanRequest(name, 0, columns))  # checks the columns
@@ -113,6 +118,7 @@ class TableFlightServer(flight.FlightServerBase):
     @flight_errors
     def get_schema(self, context, descriptor):
         name, _ = _descriptor_target(descriptor)
+        Caller.of(self.broker, context).require(AclOperation.DESCRIBE, name)
         return flight.SchemaResult(catalog.schema_with_field_ids(catalog.user_schema(self._table(name))))
 
     def list_actions(self, context):
@@ -123,8 +129,13 @@ class TableFlightServer(flight.FlightServerBase):
         body = json_object(action.body.to_pybytes(), f"body of action {action.type!r}")
         kind = action.type
         # A member of the wrong JSON type fails where the action first uses it.
+        caller = Caller.of(self.broker, context)
+        check_action(caller, kind, body)
         with malformed_request(f"body of action {kind!r}"):
-            return self._do_action(kind, body)
+            results = self._do_action(kind, body)
+        if kind in LISTING_ACTIONS:
+            results = _visible_only(caller, results)
+        return results
 
     def _do_action(self, kind: str, body: dict) -> list:
         pk_results = pk_api.do_action(self, kind, body)
@@ -165,6 +176,7 @@ class TableFlightServer(flight.FlightServerBase):
             request = ScanRequest.from_bytes(ticket.ticket)
             if not isinstance(request.table, str) or not isinstance(request.bucket, int):
                 raise InvalidRequestError("malformed ticket: table must be a string and bucket an integer")
+            Caller.of(self.broker, context).require(AclOperation.READ, request.table)
             table = self._table(request.table)
             bucket = table.bucket(request.bucket)
             plan = plan_scan(bucket, request, getattr(self.broker, "remote_log", None) if request.tiered else None)
@@ -197,10 +209,15 @@ class TableFlightServer(flight.FlightServerBase):
     def do_put(self, context, descriptor, reader, writer):
         with malformed_request("put descriptor"):
             pk_request = pk_api.pk_put_request(descriptor)
+        caller = Caller.of(self.broker, context)
         if pk_request is not None:
+            if isinstance(pk_request.get("table"), str):
+                caller.require(AclOperation.WRITE, pk_request["table"])
             return pk_api.do_put(self, pk_request, reader, writer)
         with malformed_request("append descriptor"):
             request = _append_request(descriptor)
+            if isinstance(request.table, str):
+                caller.require(AclOperation.WRITE, request.table)
             table = self._table(request.table)
             if request.bucket is not None:
                 table.bucket(request.bucket)
@@ -218,6 +235,13 @@ class TableFlightServer(flight.FlightServerBase):
                                  split_for_kafka(records, meta, max_bytes))
             writer.write(pa.py_buffer(json.dumps(
                 {"appended": [[a.bucket, a.base_offset, a.record_count] for a in done]}).encode()))
+
+
+def _visible_only(caller: Caller, results: list[flight.Result]) -> list[flight.Result]:
+    """A listing (list-tables, lake-status) without the tables the caller may not describe."""
+    entries = json.loads(results[0].body.to_pybytes())
+    visible = [e for e in entries if caller.may(AclOperation.DESCRIBE, e.get("name") or e.get("table"))]
+    return [flight.Result(json.dumps(visible).encode())]
 
 
 def _empty(schema: pa.Schema) -> pa.RecordBatch:
@@ -265,11 +289,14 @@ def _append_request(descriptor: flight.FlightDescriptor) -> AppendRequest:
 @on_start
 async def start_flight(broker) -> None:
     loop = asyncio.get_running_loop()
-    location = f"grpc+tcp://{broker.config.host}:{broker.config.flight_port}"
-    server = TableFlightServer(broker, loop, location)
+    options = auth.server_options(broker)
+    scheme = "grpc+tls" if broker.config.security.flight_tls else "grpc+tcp"
+    location = f"{scheme}://{broker.config.host}:{broker.config.flight_port}"
+    server = TableFlightServer(broker, loop, location, **options)
     broker.extensions["flight"] = server
     broker.ports["flight_port"] = server.port
-    log.info("table API (Arrow Flight) listening on %s:%d", broker.config.host, server.port)
+    log.info("table API (Arrow Flight) listening on %s://%s:%d (authentication: %s)", scheme, broker.config.host,
+             server.port, broker.config.security.flight_auth)
 
 
 @on_stop
