@@ -14,6 +14,7 @@ from fluvial.broker.metadata import MetadataStore
 from fluvial.broker.server import KafkaServer
 from fluvial.broker.tables import TableManager
 from fluvial.broker.wire_cache import WireCache
+from fluvial.security.acl_store import AclStore
 from fluvial.security.authorizer import Authorizer
 from fluvial.security.users import UserStore
 from fluvial.tiering.object_store import open_object_store
@@ -50,6 +51,8 @@ class Broker:
         self.authorizer = Authorizer(config.security)
         # Users and their SCRAM credentials (SASL on the Kafka listener, basic auth elsewhere).
         self.users = UserStore.in_data_dir(self.data_dir)
+        # The ACLs, durable in the data directory (loaded into the authorizer here).
+        self.acl_store = AclStore(self.data_dir, self.authorizer, self.io_executor)
         self.kafka = KafkaServer(self)
         self.kafka_port: int | None = None
         self._background: list[asyncio.Task] = []

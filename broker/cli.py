@@ -82,6 +82,8 @@ def add_broker_parser(sub) -> None:
                    help="how often the console's throughput and lag charts take a sample")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
+    from fluvial.security import authorizer_flags
+    authorizer_flags.add_arguments(p)
 
 
 def config_from_args(args) -> BrokerConfig:
@@ -157,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "broker":
         setup_logging(args.log_level, args.log_format)
-        asyncio.run(run_broker(config_from_args(args)))
+        config = config_from_args(args)
+        from fluvial.security import authorizer_flags
+        config.security = authorizer_flags.apply(args, config.security)
+        asyncio.run(run_broker(config))
         return 0
     return args.run(args) or 0
 
