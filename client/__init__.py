@@ -7,14 +7,15 @@
 >>> duckdb.sql("select count(*) from scan")   # scan = t.scan(...): an Arrow stream
 """
 from fluvial.client.client import BucketOffsets, Client, Scan, Table, TableInfo, connect
+from fluvial.client.auth import ConnectionSecurity
 from fluvial.client.errors import (
-    BrokerUnavailableError, FilterColumnError, FilterError, FilterTypeError, FluvialError, InvalidRecordError, InvalidRequestError, InvalidTableError,
+    AuthenticationError, AuthorizationError, BrokerUnavailableError, FilterColumnError, FilterError, FilterTypeError, FluvialError, InvalidRecordError, InvalidRequestError, InvalidTableError,
     OffsetOutOfRangeError, SchemaMismatchError, TableExistsError, UnknownColumnError, UnknownTableError,
 )
 from fluvial.client.wire import Appended, ScanStats
 
 __all__ = [
-    "Appended", "BrokerUnavailableError", "BucketOffsets", "Client", "FilterColumnError", "FilterError",
+    "Appended", "AuthenticationError", "AuthorizationError", "BrokerUnavailableError", "ConnectionSecurity", "BucketOffsets", "Client", "FilterColumnError", "FilterError",
     "FilterTypeError", "FluvialError", "InvalidRecordError",
     "InvalidRequestError", "InvalidTableError", "OffsetOutOfRangeError", "Scan", "ScanStats", "SchemaMismatchError",
     "Table", "TableExistsError", "TableInfo", "UnknownColumnError", "UnknownTableError", "connect",

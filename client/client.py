@@ -17,7 +17,10 @@ import pyarrow.flight as flight
 
 from fluvial.client import filters, pk, remote, union
 from fluvial.client.streams import ArrowResults
-from fluvial.client.errors import InvalidRequestError, OffsetOutOfRangeError, UnknownColumnError, from_flight
+from fluvial.client.auth import ConnectionSecurity, TokenSession, flight_client
+from fluvial.client.errors import (
+    BrokerUnavailableError, InvalidRequestError, OffsetOutOfRangeError, UnknownColumnError, from_flight,
+)
 from fluvial.errors import ObjectNotFound, ObjectStoreError
 from fluvial.client.wire import (
     CREATE_TABLE, DESCRIBE, DROP_TABLE, LIST_TABLES, OFFSETS, Appended, AppendRequest, ScanRequest, ScanStats,
@@ -40,8 +43,18 @@ def _typed_errors(fn):
 
 
 def connect(url: str = "grpc://127.0.0.1:8815", *, remote_reads: bool = True,
-            object_store_options: dict[str, str] | None = None) -> "Client":
+            object_store_options: dict[str, str] | None = None, username: str | None = None,
+            password: str | None = None, tls_root_certs: str | bytes | None = None) -> "Client":
     """Connect to a broker's table API.
+
+    url: grpc://host:port, or grpc+tls://host:port when the broker serves the table API
+        over TLS.
+    username, password: a user of the broker (the same users as SASL on the Kafka port),
+        when the broker authenticates table API clients. The client authenticates at once
+        (a wrong password fails here with AuthenticationError) and sends the bearer token
+        the broker gives on every call, renewing it before it expires.
+    tls_root_certs: the CA certificate(s) the broker's certificate is checked against, a
+        PEM file's path or PEM text (default: the system's trust store).
 
     remote_reads: scans read tiered offsets (segments the broker moved to the object store)
         straight from the object store instead of through the broker.
@@ -53,8 +66,11 @@ def connect(url: str = "grpc://127.0.0.1:8815", *, remote_reads: bool = True,
     >>> client = connect("grpc://127.0.0.1:8815")
     >>> client.list_tables()
     ['orders', 'clicks']
+    >>> secure = connect("grpc+tls://broker.example.com:8815", username="alice", password=secret,
+    ...                  tls_root_certs="/etc/fluvial/ca.pem")
     """
-    return Client(url, remote_reads=remote_reads, object_store_options=object_store_options)
+    return Client(url, remote_reads=remote_reads, object_store_options=object_store_options,
+                  security=ConnectionSecurity(username, password, tls_root_certs))
 
 
 @dataclass(frozen=True)
@@ -88,15 +104,43 @@ class TableInfo:
 class Client:
     """A connection to one broker's table API. Thread-safe; close it (or use `with`) when done."""
 
-    def __init__(self, url: str, *, remote_reads: bool = True, object_store_options: dict[str, str] | None = None):
+    def __init__(self, url: str, *, remote_reads: bool = True, object_store_options: dict[str, str] | None = None,
+                 security: ConnectionSecurity | None = None):
         self.url = url
-        self._flight = flight.FlightClient(url)
+        self.security = security or ConnectionSecurity()
+        self._flight = flight_client(url, self.security)
+        self._session: TokenSession | None = None
+        if self.security.username is not None:
+            self._session = TokenSession(self._flight, self.security.username, self.security.password or "")
+            self._authenticate()
         self.remote_reads = remote_reads
         self.object_store_options = dict(object_store_options or {})
         self._broker_tiers = True  # False once the broker says it has no remote-segments action
 
     def close(self) -> None:
         self._flight.close()
+
+    def _authenticate(self) -> None:
+        try:
+            self._session.authenticate()
+        except flight.FlightUnauthenticatedError as exc:
+            raise from_flight(exc) from None
+        except flight.FlightError as exc:
+            raise _connection_failure(exc, self.url) from None
+
+    def _options(self, aligned: bool = False) -> flight.FlightCallOptions:
+        """Options of one call: the bearer token (renewed when near its expiry), and for
+        scans realigned reads."""
+        read_options = _ALIGNED_READS if aligned else None
+        if self._session is None:
+            return flight.FlightCallOptions(read_options=read_options)
+        try:
+            header = self._session.header()
+        except flight.FlightUnauthenticatedError as exc:
+            raise from_flight(exc) from None
+        except flight.FlightError as exc:
+            raise _connection_failure(exc, self.url) from None
+        return flight.FlightCallOptions(headers=[header], read_options=read_options)
 
     def remote_log(self, table: str, bucket: int, start: int) -> "remote.RemoteLog | None":
         """Where a bucket's tiered offsets from `start` on are (None: nothing is tiered, or
@@ -123,7 +167,15 @@ class Client:
 
     @_typed_errors
     def _action(self, kind: str, body: dict | None = None) -> Any:
-        results = list(self._flight.do_action(flight.Action(kind, json.dumps(body or {}).encode())))
+        action = flight.Action(kind, json.dumps(body or {}).encode())
+        try:
+            results = list(self._flight.do_action(action, self._options()))
+        except flight.FlightUnauthenticatedError:
+            if self._session is None:
+                raise
+            # The token is no longer valid (the broker restarted): authenticate again, once.
+            self._authenticate()
+            results = list(self._flight.do_action(action, self._options()))
         return json.loads(results[0].body.to_pybytes()) if results else None
 
     def list_tables(self) -> list[str]:
@@ -284,7 +336,7 @@ class Table:
             return []
         schema = batches[0].schema
         descriptor = flight.FlightDescriptor.for_command(AppendRequest(self.name, bucket).to_bytes())
-        writer, acks = self.client._flight.do_put(descriptor, schema)
+        writer, acks = self.client._flight.do_put(descriptor, schema, self.client._options())
         done: list[Appended] = []
         try:
             for batch in batches:
@@ -348,6 +400,18 @@ class Table:
         return pk.full_read(self, source)
 
 
+def _connection_failure(exc: flight.FlightError, url: str) -> BrokerUnavailableError:
+    """Authenticating failed before the broker answered: most often TLS on one side only, or a
+    certificate the client does not trust. Say which to check."""
+    message = str(exc).split(". Detail:")[0]
+    if url.startswith(("grpc://", "grpc+tcp://")):
+        hint = "if the broker serves the table API over TLS, connect to grpc+tls://..."
+    else:
+        hint = ("check that the broker serves the table API over TLS and that tls_root_certs holds the CA "
+                "that signed its certificate")
+    return BrokerUnavailableError(f"cannot reach the table API at {url}: {message} ({hint})")
+
+
 def _as_batches(data: Any) -> list[pa.RecordBatch]:
     if isinstance(data, pa.RecordBatch):
         return [data]
@@ -392,8 +456,7 @@ _DONE = object()
 # gRPC hands IPC bodies at any address; pyarrow's expression evaluation (Acero: the client's
 # own filters, pyarrow.dataset on a result) and other consumers want each buffer aligned to
 # its type. Scans read realigned: only the buffers that are not (a few percent) are copied.
-_ALIGNED = flight.FlightCallOptions(read_options=pa.ipc.IpcReadOptions(
-    ensure_alignment=pa.ipc.Alignment.DataTypeSpecific))
+_ALIGNED_READS = pa.ipc.IpcReadOptions(ensure_alignment=pa.ipc.Alignment.DataTypeSpecific)
 _log = logging.getLogger(__name__)
 
 
@@ -478,12 +541,13 @@ class Scan(ArrowResults):
     def _read_broker(self, bucket: int, start: Any, end: Any, follow: bool, emit, stop: threading.Event,
                      readers: dict, tiered: bool | None = None) -> None:
         client = self.table.client._flight
+        options = self.table.client._options(aligned=True)
         # A client that reads tiered offsets itself leaves them out of what the broker serves.
         tiered = not self.table.client.remote_reads if tiered is None else tiered
         request = ScanRequest(self.table.name, bucket, self.columns, start, end, self.filter, follow,
                               tiered=tiered)
         try:
-            reader = client.do_get(flight.Ticket(request.to_bytes()), _ALIGNED)
+            reader = client.do_get(flight.Ticket(request.to_bytes()), options)
             readers[bucket] = reader
             if stop.is_set():  # the consumer left before this stream was registered for cancelling
                 reader.cancel()

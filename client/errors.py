@@ -5,6 +5,7 @@ import json
 
 import pyarrow.flight as flight
 
+from fluvial.protocol.errors import ErrorCode
 from fluvial.errors import (
     FluvialError, InvalidConfigError, LakeLeaseError, InvalidPartitionsError, InvalidRecordError, InvalidRequestError,
     InvalidTableError, OffsetOutOfRangeError, SchemaMismatchError, StorageError, TableExistsError,
@@ -14,6 +15,18 @@ from fluvial.errors import (
 
 class BrokerUnavailableError(FluvialError):
     """The broker cannot be reached (not started, wrong address, or gone)."""
+
+
+class AuthenticationError(FluvialError):
+    """The broker did not accept the client's credentials (missing, wrong, or an expired token)."""
+    code = ErrorCode.SASL_AUTHENTICATION_FAILED
+    http_status = 401
+
+
+class AuthorizationError(FluvialError):
+    """The broker's ACLs do not allow the user this operation on this table."""
+    code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    http_status = 403
 
 
 # A scan's filter is checked by the client before any request: these are raised there.
@@ -53,13 +66,22 @@ def from_flight(exc: flight.FlightError) -> FluvialError:
         pass
     # A broker that stops (or restarts) cancels the calls it is serving: to the caller that is
     # the broker going away, not a refusal, so readers resume as they do after UNAVAILABLE.
+    if isinstance(exc, flight.FlightUnauthenticatedError):
+        return AuthenticationError(_flight_message(exc))
+    if isinstance(exc, flight.FlightUnauthorizedError):
+        return AuthorizationError(_flight_message(exc))
     if isinstance(exc, (flight.FlightUnavailableError, flight.FlightCancelledError)):
         return BrokerUnavailableError(str(exc))
     return FluvialError(str(exc))
 
 
+def _flight_message(exc: flight.FlightError) -> str:
+    """The server's message without gRPC's '. Detail: ...' decoration."""
+    return str(exc).split(". Detail:")[0]
+
+
 __all__ = [
-    "BrokerUnavailableError", "FilterColumnError", "FilterError", "FilterTypeError", "FluvialError", "InvalidConfigError", "InvalidPartitionsError", "InvalidRecordError",
+    "AuthenticationError", "AuthorizationError", "BrokerUnavailableError", "FilterColumnError", "FilterError", "FilterTypeError", "FluvialError", "InvalidConfigError", "InvalidPartitionsError", "InvalidRecordError",
     "InvalidRequestError", "InvalidTableError", "LakeLeaseError", "OffsetOutOfRangeError", "SchemaMismatchError", "StorageError",
     "TableExistsError", "UnknownColumnError", "UnknownTableError", "error_info", "from_flight",
 ]

@@ -64,7 +64,7 @@ def _ipc(table: pa.Table) -> str:
 
 def _call(client, kind: str, body: dict) -> bytes:
     try:
-        results = list(client._flight.do_action(flight.Action(kind, json.dumps(body).encode())))
+        results = list(client._flight.do_action(flight.Action(kind, json.dumps(body).encode()), client._options()))
     except flight.FlightError as exc:
         raise from_flight(exc) from None
     return results[0].body.to_pybytes() if results else b""
@@ -77,7 +77,8 @@ def write(table, data: Any, op: str, columns: list[str] | None = None) -> list[t
         return []
     command = json.dumps({"table": table.name, "op": op, "columns": list(columns) if columns else None}).encode()
     try:
-        writer, acks = table.client._flight.do_put(flight.FlightDescriptor.for_command(command), rows.schema)
+        writer, acks = table.client._flight.do_put(flight.FlightDescriptor.for_command(command), rows.schema,
+                                                   table.client._options())
         done: list[tuple[int, int, int]] = []
         try:
             for batch in rows.to_batches(max_chunksize=65536):

@@ -26,6 +26,7 @@ from typing import Callable
 
 import pyarrow.flight as flight
 
+from fluvial.client.auth import token_expiry  # noqa: F401 - the token format's reader
 from fluvial.security.basic_auth import BasicCredentials, CredentialsError, PasswordChecker, parse_basic
 from fluvial.security.principal import ANONYMOUS, Principal
 
@@ -69,12 +70,6 @@ class TokenSigner:
         if body["exp"] <= self._clock():
             raise CredentialsError("token expired: authenticate again")
         return Principal.user(body["user"])
-
-
-def token_expiry(token: str) -> float:
-    """When a token expires (seconds since the epoch), as a client reads it."""
-    payload = token.partition(".")[0]
-    return float(json.loads(_unb64(payload))["exp"])
 
 
 class CallPrincipal(flight.ServerMiddleware):

@@ -44,7 +44,7 @@ def malformed_request(what: str) -> Iterator[None]:
     InvalidRequestError (INVALID_ARGUMENT to the client), saying what was malformed."""
     try:
         yield
-    except FluvialError:
+    except (FluvialError, flight.FlightError):  # already a client error (e.g. an ACL refusal)
         raise
     except _MALFORMED as exc:
         raise InvalidRequestError(f"malformed {what}: {type(exc).__name__}: {exc}") from None

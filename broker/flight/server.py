@@ -216,8 +216,9 @@ class TableFlightServer(flight.FlightServerBase):
             return pk_api.do_put(self, pk_request, reader, writer)
         with malformed_request("append descriptor"):
             request = _append_request(descriptor)
-            if isinstance(request.table, str):
-                caller.require(AclOperation.WRITE, request.table)
+        if isinstance(request.table, str):
+            caller.require(AclOperation.WRITE, request.table)
+        with malformed_request("append descriptor"):
             table = self._table(request.table)
             if request.bucket is not None:
                 table.bucket(request.bucket)
