@@ -22,7 +22,12 @@ each producer its own client and connections, acks=all, idempotent, linger 5 ms)
 here into benchmarks/.cache/. Hundreds of librdkafka instances (several threads each) in a
 few Python processes take most of 2 cores themselves and starve the broker under test,
 whichever it is; the Go generator needs a small fraction of a core for the same load, so
-the figures measure the broker. With `--client go` the systems alternate round by round,
+the figures measure the broker. The Go generator opens the idle connections first, then
+connects every producer (one acknowledged record each), then produces at the full rate for
+`--warmup` seconds (JIT, caches, the page cache and the idle connections' first effects
+settle; not counted) and only then measures for `--seconds`: ack latency, new-connection
+latency, broker CPU and RSS and the load average are of that window alone, with the ack
+p50/p99 of each second of it (a tail from one burst shows there). With `--client go` the systems alternate round by round,
 each round waits (up to `--max-load-wait-s`) for the 1-minute load average to fall under
 `--max-load` and records it, and the median over the rounds is saved (default results:
 connections-go.json, or connections-go-<producers>.json for other producer counts).
@@ -234,15 +239,21 @@ def wait_for_quiet(max_load: float, max_wait_s: float) -> tuple[float, float, fl
 
 
 class _RssPeak:
-    """Samples a process's RSS every 0.2 s in a thread, keeping the peak."""
+    """Samples a process's RSS every 0.2 s in a thread, keeping the peak, and the machine's
+    1-minute load average every second."""
 
     def __init__(self, proc: psutil.Process) -> None:
         self.proc, self.peak, self._stop = proc, proc.memory_info().rss, threading.Event()
+        self.loads: list[float] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        ticks = 0
         while not self._stop.wait(0.2):
+            ticks += 1
+            if ticks % 5 == 0:
+                self.loads.append(os.getloadavg()[0])
             try:
                 self.peak = max(self.peak, self.proc.memory_info().rss)
             except psutil.Error:
@@ -267,7 +278,8 @@ def run_round_go(spec, args, loadavg_before) -> dict:
         gen = subprocess.Popen([str(LOADGEN_BIN), "-bootstrap", broker.bootstrap, "-topic", topic,
                                 "-producers", str(args.producers), "-rate", str(args.rate),
                                 "-idle", str(args.idle), "-seconds", str(args.seconds),
-                                "-size", str(SIZE), "-linger", "5ms", "-timeout", "30s"],
+                                "-size", str(SIZE), "-linger", "5ms", "-timeout", "30s",
+                                "-warmup", f"{args.warmup}s"],
                                stdout=subprocess.PIPE, text=True)
         gen_proc = psutil.Process(gen.pid)
         events: dict[str, dict] = {}
@@ -283,6 +295,8 @@ def run_round_go(spec, args, loadavg_before) -> dict:
                 rss["with_idle"] = proc.memory_info().rss
             elif event["event"] == "producing":
                 rss["producers_ready"] = proc.memory_info().rss
+            elif event["event"] == "measuring":
+                # The warm-up is over: CPU, RSS and load are of the measured window alone.
                 sampler = _RssPeak(proc)
                 cpu_broker, cpu_gen, t_produce = proc.cpu_times(), gen_proc.cpu_times(), time.perf_counter()
             elif event["event"] == "done":
@@ -290,6 +304,7 @@ def run_round_go(spec, args, loadavg_before) -> dict:
         produce_wall = time.perf_counter() - t_produce if t_produce else None
         cpu_broker_after, cpu_gen_after = proc.cpu_times(), gen_proc.cpu_times()
         rss["peak"] = sampler.stop() if sampler else proc.memory_info().rss
+        loads = sampler.loads if sampler else []
         if gen.wait(120) != 0 or "done" not in events:
             raise RuntimeError(f"load generator failed (exit {gen.returncode}) on {spec.name}")
         rss["after"] = proc.memory_info().rss
@@ -306,6 +321,13 @@ def run_round_go(spec, args, loadavg_before) -> dict:
             "failed": done["failed"], "unanswered": done["unanswered"], "errors": done["errors"],
             "ack_ms_p50": ack.get("p50"), "ack_ms_p99": ack.get("p99"), "ack_ms_p999": ack.get("p999"),
             "ack_ms_max": ack.get("max"),
+            # The worst and the median of the per-second p99s: one bad second vs. a steady tail.
+            "ack_ms_p99_worst_second": max((b["p99"] for b in done.get("ack_ms_by_second") or []), default=None),
+            "ack_ms_p99_median_second": statistics.median([b["p99"] for b in done["ack_ms_by_second"]])
+            if done.get("ack_ms_by_second") else None,
+            "ack_ms_by_second": done.get("ack_ms_by_second"),
+            "warmup_s": done.get("warmup_s"), "warmup_sent": done.get("warmup_sent"),
+            "warmup_timed_out": done.get("warmup_timed_out"), "warmup_failed": done.get("warmup_failed"),
             "new_connection_ms_p50": conn.get("p50"), "new_connection_ms_p99": conn.get("p99"),
             "new_connection_ms_max": conn.get("max"), "new_connection_failures": done["new_connection_failures"],
             "pacer_lag_ms_p99": (done["pacer_lag_ms"] or {}).get("p99"),
@@ -318,6 +340,8 @@ def run_round_go(spec, args, loadavg_before) -> dict:
             "broker_cores_while_producing": cores(cpu_broker, cpu_broker_after),
             "loadgen_cores_while_producing": cores(cpu_gen, cpu_gen_after),
             "loadavg_before": loadavg_before, "loadavg": os.getloadavg(),
+            "loadavg_1m_during_mean": round(statistics.mean(loads), 2) if loads else None,
+            "loadavg_1m_during_max": round(max(loads), 2) if loads else None,
         }
         print(f"{spec.name}: {json.dumps(row)}", flush=True)
         return row
@@ -327,7 +351,8 @@ def run_round_go(spec, args, loadavg_before) -> dict:
 
 
 MEDIAN_KEYS = ("sent", "acked", "timed_out", "failed", "unanswered", "ack_ms_p50", "ack_ms_p99", "ack_ms_p999",
-               "ack_ms_max", "new_connection_ms_p50", "new_connection_ms_p99", "new_connection_ms_max",
+               "ack_ms_max", "ack_ms_p99_worst_second", "ack_ms_p99_median_second", "warmup_timed_out",
+               "warmup_failed", "loadavg_1m_during_mean", "loadavg_1m_during_max", "new_connection_ms_p50", "new_connection_ms_p99", "new_connection_ms_max",
                "pacer_lag_ms_p99", "rss_mb_start", "rss_mb_with_idle", "rss_mb_producers_ready", "rss_mb_peak",
                "rss_mb_after", "broker_cores_while_producing", "loadgen_cores_while_producing")
 
@@ -369,7 +394,8 @@ def main() -> None:
     p.add_argument("--producers", type=int, default=200)
     p.add_argument("--rate", type=float, default=10_000, help="records per second, all producers together")
     p.add_argument("--idle", type=int, default=5000)
-    p.add_argument("--seconds", type=float, default=30)
+    p.add_argument("--seconds", type=float, default=30, help="measured window (--client go: after the warm-up)")
+    p.add_argument("--warmup", type=float, default=10, help="--client go: seconds at full rate before measuring")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--systems", default="kafka,fluvial")

@@ -58,6 +58,14 @@ def validate_table_name(name: str) -> None:
 # GroupCommit._running while a flush is scheduled but not yet handed to the executor.
 _STARTING = object()
 
+# The least time between the starts of two flushes of one bucket. An fdatasync costs about
+# 100 us of CPU and 200-300 us of wall time here: chaining flushes back to back gives many
+# small producers about one fsync per request (most of a core at a few thousand requests a
+# second). Spacing them bounds a bucket's fsyncs to 1 / FLUSH_SPACING_S a second whatever
+# the request rate, for at most this much more wait; a flush after a quiet spell starts at
+# once.
+FLUSH_SPACING_S = 0.004
+
 
 class GroupCommit:
     """Shares one fsync among all appends waiting for durability of a bucket.
@@ -81,6 +89,7 @@ class GroupCommit:
         self._on_durable = on_durable
         self.durable_offset = tablet.flushed_offset
         self._running: asyncio.Future | object | None = None
+        self._last_begin = float("-inf")  # loop time the latest flush started
         # (offset, future) in the order the waits were asked for; appends come in offset
         # order, so the front is always the first to complete (a duplicate's wait for an
         # older offset may sit behind a newer one: completed by the same pass).
@@ -97,13 +106,20 @@ class GroupCommit:
 
     def _start(self) -> None:
         # The flush starts at the end of this loop pass, so every append made during the
-        # pass (other connections' requests read together) shares it.
+        # pass (other connections' requests read together) shares it, or, when the last
+        # flush began less than FLUSH_SPACING_S ago, once that time has passed.
         self._running = _STARTING
-        asyncio.get_running_loop().call_soon(self._begin)
+        loop = asyncio.get_running_loop()
+        wait = self._last_begin + FLUSH_SPACING_S - loop.time()
+        if wait > 0:
+            loop.call_later(wait, self._begin)
+        else:
+            loop.call_soon(self._begin)
 
     def _begin(self) -> None:
         target = self._tablet.log_end_offset
         loop = asyncio.get_running_loop()
+        self._last_begin = loop.time()
         self._running = running = loop.run_in_executor(self._executor, self._tablet.flush_up_to, target)
         running.add_done_callback(functools.partial(self._flushed, target))
 

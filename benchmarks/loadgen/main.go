@@ -8,8 +8,13 @@
 //
 // Progress goes to stderr; stdout carries JSON lines: {"event": "idle_open", ...} once the
 // idle connections are open, {"event": "producers_ready", ...} when every producer has
-// connected (a warm-up record each, acknowledged), {"event": "producing"} when the clock
-// starts, and {"event": "done", ...} with the figures.
+// connected (a warm-up record each, acknowledged), {"event": "producing"} when the paced
+// load starts, {"event": "measuring"} when the warm-up (-warmup, full rate, not counted)
+// ends and the measured window starts, and {"event": "done", ...} with the figures of the
+// measured window: records issued during the warm-up are not in the latency figures (they
+// are checked for failures all the same, reported as warmup_*), and new connections are
+// probed only in the measured window. "ack_ms_by_second" gives p50/p99/max per second of
+// the window, so a tail that comes from one burst (a pause, a neighbour's load) shows.
 package main
 
 import (
@@ -45,15 +50,19 @@ type options struct {
 	linger     time.Duration
 	timeout    time.Duration
 	probeEvery time.Duration
+	warmup     time.Duration
 }
 
 type producerStats struct {
 	mu        sync.Mutex
-	latencies []float64 // ms, produce call to acknowledgement
+	latencies []float64 // ms, produce call to acknowledgement (measured window)
+	issuedAt  []float64 // s into the measured window at which each of latencies was issued
 	lags      []float64 // ms, how late the pacer issued the record (generator starvation)
 	timedOut  int
 	failed    int
 	errs      map[string]int
+	// Records issued during the warm-up: only their failures are kept.
+	warmupAcked, warmupTimedOut, warmupFailed int
 }
 
 func emit(event string, fields map[string]any) {
@@ -195,6 +204,7 @@ func main() {
 	flag.DurationVar(&o.linger, "linger", 5*time.Millisecond, "producer linger")
 	flag.DurationVar(&o.timeout, "timeout", 30*time.Second, "record delivery timeout")
 	flag.DurationVar(&o.probeEvery, "probe-every", 250*time.Millisecond, "new-connection probe interval")
+	flag.DurationVar(&o.warmup, "warmup", 10*time.Second, "full-rate producing before the measured window (not counted)")
 	flag.Parse()
 	if o.topic == "" {
 		fmt.Fprintln(os.Stderr, "-topic is required")
@@ -249,17 +259,24 @@ func main() {
 	}
 	stats := make([]*producerStats, o.producers)
 	interval := time.Duration(float64(o.producers) / o.rate * float64(time.Second))
-	duration := time.Duration(o.seconds * float64(time.Second))
-	var sent atomic.Int64
+	measured := time.Duration(o.seconds * float64(time.Second))
+	duration := o.warmup + measured
+	var sent, warmupSent atomic.Int64
 	start := time.Now().Add(100 * time.Millisecond)
-	emit("producing", map[string]any{"interval_ms": round2(float64(interval) / 1e6)})
+	measureFrom := start.Add(o.warmup)
+	emit("producing", map[string]any{"interval_ms": round2(float64(interval) / 1e6), "warmup_s": o.warmup.Seconds()})
+	go func() {
+		time.Sleep(time.Until(measureFrom))
+		emit("measuring", map[string]any{"seconds": o.seconds})
+	}()
 
-	// New connections during the run.
+	// New connections during the measured window.
 	var probes []float64
 	probeFailures := 0
 	probeDone := make(chan struct{})
 	go func() {
 		defer close(probeDone)
+		time.Sleep(time.Until(measureFrom))
 		for time.Since(start) < duration {
 			_, d, err := apiVersionsRoundTrip(o.bootstrap, false)
 			if err != nil {
@@ -291,15 +308,33 @@ func main() {
 				}
 				issued := time.Now()
 				lag := float64(issued.Sub(due)) / 1e6
-				sent.Add(1)
+				warm := issued.Before(measureFrom)
+				if warm {
+					warmupSent.Add(1)
+				} else {
+					sent.Add(1)
+				}
 				cl.Produce(context.Background(), &kgo.Record{Key: key, Value: value}, func(_ *kgo.Record, err error) {
 					ms := float64(time.Since(issued)) / 1e6
 					st.mu.Lock()
 					defer st.mu.Unlock()
+					if warm {
+						switch {
+						case err == nil:
+							st.warmupAcked++
+						case errors.Is(err, kgo.ErrRecordTimeout) || errors.Is(err, context.DeadlineExceeded):
+							st.warmupTimedOut++
+						default:
+							st.warmupFailed++
+							st.errs[err.Error()]++
+						}
+						return
+					}
 					st.lags = append(st.lags, lag)
 					switch {
 					case err == nil:
 						st.latencies = append(st.latencies, ms)
+						st.issuedAt = append(st.issuedAt, issued.Sub(measureFrom).Seconds())
 					case errors.Is(err, kgo.ErrRecordTimeout) || errors.Is(err, context.DeadlineExceeded):
 						st.timedOut++
 					default:
@@ -324,13 +359,23 @@ func main() {
 
 	var lat, lags []float64
 	timedOut, failed := 0, 0
+	warmupAcked, warmupTimedOut, warmupFailed := 0, 0, 0
 	errs := map[string]int{}
+	perSecond := make([][]float64, int(o.seconds)+1)
 	for _, st := range stats {
 		st.mu.Lock()
 		lat = append(lat, st.latencies...)
+		for j, at := range st.issuedAt {
+			if k := int(at); k >= 0 && k < len(perSecond) {
+				perSecond[k] = append(perSecond[k], st.latencies[j])
+			}
+		}
 		lags = append(lags, st.lags...)
 		timedOut += st.timedOut
 		failed += st.failed
+		warmupAcked += st.warmupAcked
+		warmupTimedOut += st.warmupTimedOut
+		warmupFailed += st.warmupFailed
 		for k, v := range st.errs {
 			errs[k] += v
 		}
@@ -352,7 +397,17 @@ func main() {
 		cl.Close()
 	}
 	notAnswered := int(sent.Load()) - len(lat) - timedOut - failed
+	bySecond := make([]map[string]float64, 0, len(perSecond))
+	for _, values := range perSecond {
+		if len(values) > 0 {
+			s := summary(values)
+			bySecond = append(bySecond, map[string]float64{"p50": s["p50"], "p99": s["p99"], "max": s["max"],
+				"count": float64(len(values))})
+		}
+	}
 	emit("done", map[string]any{
+		"warmup_s": o.warmup.Seconds(), "warmup_sent": warmupSent.Load(), "warmup_acked": warmupAcked,
+		"warmup_timed_out": warmupTimedOut, "warmup_failed": warmupFailed, "ack_ms_by_second": bySecond,
 		"producers": o.producers, "rate_rec_s": o.rate, "idle_connections": o.idle, "seconds": o.seconds,
 		"sent": sent.Load(), "acked": len(lat), "timed_out": timedOut, "failed": failed, "unanswered": notAnswered,
 		"errors": errs, "ack_ms": summary(lat), "pacer_lag_ms": summary(lags),
