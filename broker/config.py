@@ -1,6 +1,8 @@
 """Broker settings (command line) and the topic configs Fluvial understands."""
 from __future__ import annotations
 
+import functools
+
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -106,8 +108,10 @@ def config_def(name: str) -> "TopicConfigDef | None":
 CLEANUP_POLICIES = ("delete", "compact")
 
 
-def cleanup_policies(value: str) -> set[str]:
-    return {p.strip() for p in str(value).split(",") if p.strip()}
+@functools.lru_cache(maxsize=64)
+def cleanup_policies(value: str) -> frozenset[str]:
+    # Cached: a compacted-topic check runs for every produced batch, on the event loop.
+    return frozenset(p.strip() for p in str(value).split(",") if p.strip())
 
 
 # Topic configs a client may set, with the defaults a topic gets when it sets none.

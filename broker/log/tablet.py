@@ -363,10 +363,14 @@ class LogTablet:
             base_timestamp = max_timestamp = now
             attributes |= ATTR_LOG_APPEND_TIME
         else:
-            timestamps = _as_int64(records.column(TIMESTAMP_COLUMN))
-            # One row (many small producers): no array reduction.
-            max_timestamp = int(timestamps[0]) if count == 1 else int(timestamps.max())
-            base_timestamp = meta.base_timestamp if meta.base_timestamp >= 0 else int(timestamps[0])
+            column = records.column(TIMESTAMP_COLUMN)
+            if count == 1 and not column.null_count:
+                # One row (many small producers): the scalar, without a NumPy view or reduction.
+                max_timestamp = first = column[0].value
+            else:
+                timestamps = _as_int64(column)
+                max_timestamp, first = int(timestamps.max()), int(timestamps[0])
+            base_timestamp = meta.base_timestamp if meta.base_timestamp >= 0 else first
         filled = BatchMeta(
             base, count - 1, count, base_timestamp, max_timestamp, meta.producer_id, meta.producer_epoch,
             meta.base_sequence, attributes,
