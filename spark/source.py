@@ -81,6 +81,13 @@ class Options:
     retract_state_ttl_ms: int | None = None  # createTable, engine 'retract'
     aggregates: tuple[tuple[str, str], ...] = ()  # createTable, engine 'aggregation': `agg.<column>` = function
     bucket_function: str | None = None  # createTable, primary key: murmur2 (default) or crc32
+    # A secured table API: `username`, `password` (never shown), `tlsRootCerts` (a PEM file's
+    # path on every executor, or the PEM text itself), with a grpc+tls:// url.
+    security: fc.ConnectionSecurity = fc.ConnectionSecurity()
+
+    def connect(self, **kwargs) -> fc.Client:
+        """A native client for the table API, with this source's credentials and TLS trust."""
+        return fc.Client(self.url, security=self.security, **kwargs)
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], streaming: bool = False) -> "Options":
@@ -124,6 +131,8 @@ class Options:
             aggregates=tuple(sorted((k[len("agg."):], v) for k, v in dict(raw).items()
                                     if k.lower().startswith("agg.") and v)),
             bucket_function=opts.get("bucketfunction") or None,
+            security=fc.ConnectionSecurity(opts.get("username") or None, opts.get("password"),
+                                           opts.get("tlsrootcerts") or None),
         )
 
 
@@ -204,7 +213,7 @@ def _translate(exc: fc.FluvialError, opts: Options) -> FluvialSparkError:
 
 def _describe(opts: Options) -> fc.TableInfo:
     try:
-        with fc.connect(opts.url) as client:
+        with opts.connect() as client:
             return _with_retry(opts.retry_ms, lambda: client.describe(opts.table))
     except fc.FluvialError as exc:
         raise _translate(exc, opts) from None
@@ -212,7 +221,7 @@ def _describe(opts: Options) -> fc.TableInfo:
 
 def _offsets(opts: Options) -> list[fc.BucketOffsets]:
     try:
-        with fc.connect(opts.url) as client:
+        with opts.connect() as client:
             return _with_retry(opts.retry_ms, lambda: fc.Table(client, client.describe(opts.table)).offsets())
     except fc.FluvialError as exc:
         raise _translate(exc, opts) from None
@@ -289,6 +298,7 @@ class _Scan:
     retry_ms: int
     stats_dir: str | None
     object_store_options: tuple[tuple[str, str], ...] = ()
+    security: fc.ConnectionSecurity = fc.ConnectionSecurity()
 
     def read(self, part: BucketRange) -> Iterator[pa.RecordBatch]:
         target = arrow_schema(StructType.fromJson(json.loads(self.schema_json)))
@@ -300,7 +310,8 @@ class _Scan:
         stats = fc.ScanStats()
         while offset < part.end:
             try:
-                with fc.connect(self.url, object_store_options=dict(self.object_store_options)) as client:
+                with fc.Client(self.url, security=self.security,
+                               object_store_options=dict(self.object_store_options)) as client:
                     table = fc.Table(client, client.describe(self.table))
                     scan = table.scan(columns=columns, filter=[list(f) for f in self.filters] or None,
                                       start=offset, end=part.end, buckets=[part.bucket], source="log")
@@ -344,7 +355,7 @@ def read_scan_stats(folder: str) -> list[dict]:
 
 def _scan_for(opts: Options, schema: StructType, filters=()) -> _Scan:
     return _Scan(opts.url, opts.table, tuple(schema.fieldNames()), tuple(filters), schema.json(), opts.retry_ms,
-                 opts.scan_stats_dir, opts.object_store_options)
+                 opts.scan_stats_dir, opts.object_store_options, opts.security)
 
 
 class FluvialReader(DataSourceReader):
@@ -369,8 +380,9 @@ class FluvialReader(DataSourceReader):
                 raise FluvialSparkError(f"a union read of primary-key table {info.name!r} gives its current rows: "
                                         f"it takes no startingOffsets/endingOffsets (read the changelog with "
                                         f"option('source', 'log'))")
-            with fc.connect(self.opts.url) as client:
-                lake = spark_union.LakeRead.pin(self.opts.url, info, client, dict(self.opts.lake_catalog))
+            with self.opts.connect() as client:
+                lake = spark_union.LakeRead.pin(self.opts.url, info, client, dict(self.opts.lake_catalog),
+                                                self.opts.security)
         except fc.FluvialError as exc:
             raise FluvialSparkError(f"Fluvial table {self.opts.table!r}: {exc}") from None
         for b in range(info.buckets):  # offsets asked for, as far as the lake's rows go
@@ -399,7 +411,7 @@ class FluvialReader(DataSourceReader):
         parts: list[InputPartition] = []
         changed = None
         if lake.primary_key and self.source == "union":
-            with fc.connect(self.opts.url) as client:
+            with self.opts.connect() as client:
                 changed = lake.read_changed_keys(client, {b.bucket: b.high_watermark for b in offsets})
         parts += lake.file_partitions(names, self.pushed, changed)
         if self.source == "union":
@@ -553,7 +565,7 @@ class _Appender:
         pending: list[pa.RecordBatch] = []
         size = 0
         try:
-            with fc.connect(self.opts.url) as client:
+            with self.opts.connect() as client:
                 table = fc.Table(client, client.describe(self.opts.table))
 
                 keyed = table.info.kind == "primary_key"
@@ -664,7 +676,7 @@ class FluvialDataSource(DataSource):
             raise FluvialSparkError(f"Fluvial log tables are append-only: write to {opts.table!r} "
                                     f"with mode('append')")
         try:
-            with fc.connect(opts.url) as client:
+            with opts.connect() as client:
                 try:
                     info = client.describe(opts.table)
                 except fc.UnknownTableError:

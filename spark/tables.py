@@ -91,7 +91,7 @@ def _plan(opts: Options, info: fc.TableInfo, fields: list[pa.Field], filtered: b
     if any(_has_time(f.type) for f in wanted):
         return None
     try:
-        with fc.connect(opts.url) as client:
+        with opts.connect() as client:
             lake = union.lake_info(fc.Table(client, info))
             if lake is None:
                 return None
@@ -163,7 +163,7 @@ def _short_tail(spark: Any, opts: Options, info: fc.TableInfo, pinned: "union.Pi
     from fluvial.spark.types import arrow_schema, conform
 
     try:
-        with fc.connect(opts.url, object_store_options=dict(opts.object_store_options)) as client:
+        with opts.connect(object_store_options=dict(opts.object_store_options)) as client:
             table = fc.Table(client, info)
             ranges = {o.bucket: (max(pinned.end(o.bucket), o.log_start), o.high_watermark) for o in table.offsets()}
             ranges = {b: r for b, r in ranges.items() if r[1] > r[0]}

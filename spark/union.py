@@ -91,11 +91,13 @@ class LakeRead:
     user_fields: bytes                  # the table's user schema (Arrow IPC)
     lake_cols: frozenset[str] = frozenset()
     files: tuple[tuple[str, int], ...] | None = None  # (path, rows) of the snapshot's files, read without pyiceberg
+    security: fc.ConnectionSecurity = fc.ConnectionSecurity()  # the table API's credentials and TLS trust
 
     # -- planning (driver) -------------------------------------------------------------------
 
     @classmethod
-    def pin(cls, url: str, info: fc.TableInfo, client: fc.Client, catalog_options: dict[str, str]) -> "LakeRead":
+    def pin(cls, url: str, info: fc.TableInfo, client: fc.Client, catalog_options: dict[str, str],
+            security: fc.ConnectionSecurity = fc.ConnectionSecurity()) -> "LakeRead":
         table = fc.Table(client, info)
         lake = union.lake_info(table)
         if lake is None:
@@ -105,7 +107,7 @@ class LakeRead:
         files = tuple((f.path, f.record_count) for f in pinned.files) if pinned.files is not None else None
         return cls(url, info.name, {**lake.catalog, **catalog_options}, tuple(lake.identifier), pinned.snapshot_id,
                    dict(pinned.offsets), {}, tuple(info.primary_key or ()),
-                   pa.schema(list(info.schema)).serialize().to_pybytes(), pinned.columns, files)
+                   pa.schema(list(info.schema)).serialize().to_pybytes(), pinned.columns, files, security)
 
     def users(self) -> pa.Schema:
         return pa.ipc.read_schema(pa.py_buffer(self.user_fields))
@@ -226,7 +228,7 @@ class LakeRead:
     def read_changelog(self, part: ChangelogRange, names: Sequence[str], filters: Sequence[Sequence[Any]],
                        target: pa.Schema) -> Iterator[pa.RecordBatch]:
         want = list(dict.fromkeys([*self.primary_key, *names, *(f[0] for f in filters)]))
-        with fc.connect(self.url) as client:
+        with fc.Client(self.url, security=self.security) as client:
             table = fc.Table(client, client.describe(self.table))
             changes = table.scan(columns=[*want, "_change"], start={part.bucket: part.start},
                                  end={part.bucket: part.end}, buckets=[part.bucket], source="log").to_arrow()
