@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
+from fluvial.errors import FluvialError
+from fluvial.protocol.errors import ErrorCode
 from fluvial.security.acls import CLUSTER_NAME, AclOperation, ResourceType
 from fluvial.security.authorizer import host_of
 
@@ -87,8 +89,55 @@ def topic_operations(asked: bool, ctx: "RequestContext | None" = None, name: str
 
 
 def cluster_operations(asked: bool, ctx: "RequestContext | None" = None) -> set[int] | None:
-    return _operations(ctx, ResourceType.CLUSTER, CLUSTER_NAME, CLUSTER_OPERATIONS) if asked else OMITTED
+    if not asked:
+        return OMITTED
+    if ctx is not None and not allowed_on_cluster(ctx, AclOperation.DESCRIBE):
+        return set()  # as Kafka: nothing is told to a principal that may not describe the cluster
+    return _operations(ctx, ResourceType.CLUSTER, CLUSTER_NAME, CLUSTER_OPERATIONS)
 
 
 def group_operations(asked: bool, ctx: "RequestContext | None" = None, group: str = "") -> set[int] | None:
     return _operations(ctx, ResourceType.GROUP, group, GROUP_OPERATIONS) if asked else OMITTED
+
+
+class AuthorizationFailed(FluvialError):
+    """An operation the principal's ACLs do not allow (the code says on what: topic, group,
+    cluster or transactional id)."""
+    code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    http_status = 403
+
+
+_DENIED_CODES = {ResourceType.TOPIC: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                 ResourceType.GROUP: ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                 ResourceType.CLUSTER: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                 ResourceType.TRANSACTIONAL_ID: ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+
+
+def denied_code(resource_type: ResourceType) -> ErrorCode:
+    return _DENIED_CODES.get(resource_type, ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+
+
+def require(ctx: "RequestContext", operation: AclOperation, resource_type: ResourceType, name: str) -> None:
+    """Raise AuthorizationFailed (with Kafka's code for the resource type) unless allowed."""
+    if not allowed(ctx, operation, resource_type, name):
+        raise AuthorizationFailed(f"{operation.name} on {resource_type.name} {name!r} is not authorized",
+                                  code=denied_code(resource_type))
+
+
+# Config resource types (DescribeConfigs, AlterConfigs) and the ACL resource they are
+# authorized on: a broker's configs and its loggers are the cluster's.
+_CONFIG_TOPIC, _CONFIG_BROKER, _CONFIG_BROKER_LOGGER, _CONFIG_GROUP = 2, 4, 8, 32
+
+
+def require_config_access(ctx: "RequestContext", operation: AclOperation, config_resource_type: int,
+                          name: str) -> None:
+    """DESCRIBE_CONFIGS / ALTER_CONFIGS on the topic, group, or the cluster for broker configs."""
+    if config_resource_type == _CONFIG_TOPIC:
+        require(ctx, operation, ResourceType.TOPIC, name)
+    elif config_resource_type == _CONFIG_GROUP:
+        require(ctx, operation, ResourceType.GROUP, name)
+    elif config_resource_type in (_CONFIG_BROKER, _CONFIG_BROKER_LOGGER):
+        if config_resource_type == _CONFIG_BROKER_LOGGER:
+            # Kafka: loggers are described with DESCRIBE and altered with ALTER_CONFIGS.
+            operation = AclOperation.DESCRIBE if operation == AclOperation.DESCRIBE_CONFIGS else operation
+        require(ctx, operation, ResourceType.CLUSTER, CLUSTER_NAME)

@@ -10,20 +10,25 @@ from fluvial.security.principal import Principal
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Adds the flags a parser does not define yet (the listener security flags may)."""
+    known = p._option_string_actions
     g = p.add_argument_group("authorization (ACLs)")
-    g.add_argument("--authorizer", choices=["true", "false"], default=None,
-                   help="enforce ACLs on every Kafka API and the table API (default: false)")
-    g.add_argument("--super-users", default=None, metavar="User:a;User:b",
-                   help="principals that bypass ACLs, ';'-separated as in Kafka's super.users")
-    g.add_argument("--allow-everyone-if-no-acl-found", choices=["true", "false"], default=None,
-                   help="allow an operation on a resource that has no ACL at all (default: false)")
+    if "--authorizer-enabled" not in known:
+        g.add_argument("--authorizer-enabled", choices=["true", "false"], default=None,
+                       help="enforce ACLs on every Kafka API and the table API (default: false)")
+    if "--super-users" not in known:
+        g.add_argument("--super-users", default=None, metavar="User:a;User:b",
+                       help="principals that bypass ACLs, ';'-separated as in Kafka's super.users")
+    if "--allow-everyone-if-no-acl-found" not in known:
+        g.add_argument("--allow-everyone-if-no-acl-found", choices=["true", "false"], default=None,
+                       help="allow an operation on a resource that has no ACL at all (default: false)")
 
 
 def apply(args: argparse.Namespace, security: SecurityConfig) -> SecurityConfig:
     """The settings given on the command line override those already in `security`."""
     changes: dict = {}
-    if getattr(args, "authorizer", None) is not None:
-        changes["authorizer"] = args.authorizer == "true"
+    if getattr(args, "authorizer_enabled", None) is not None:
+        changes["authorizer"] = args.authorizer_enabled == "true"
     if getattr(args, "super_users", None) is not None:
         users = tuple(u.strip() for u in args.super_users.split(";") if u.strip())
         for u in users:

@@ -9,11 +9,13 @@ from fluvial.broker import pk_tables
 from fluvial.broker.tables import check_bucket_growth
 from fluvial.broker.config import TOPIC_CONFIGS
 from fluvial.broker.config_resources import RESOURCE_BROKER, RESOURCE_GROUP, RESOURCE_TOPIC
+from fluvial.broker.authorization import allowed_on_cluster, require, require_config_access
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.broker.replica_assignment import check_create_partitions
 from fluvial.errors import FluvialError, InvalidConfigError, InvalidPartitionsError, OffsetOutOfRangeError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
+from fluvial.security.acls import AclOperation, ResourceType
 
 CPR = response_class(ApiKey.CREATE_PARTITIONS)
 ACR = response_class(ApiKey.ALTER_CONFIGS)
@@ -31,6 +33,7 @@ async def create_partitions(ctx: RequestContext, request):
     for t in request.topics:
         r = CPR.CreatePartitionsTopicResult(name=t.name, error_code=0, error_message=None)
         try:
+            require(ctx, AclOperation.ALTER, ResourceType.TOPIC, t.name)
             table = ctx.broker.tables.get(t.name)
             reason = table.fixed_buckets_reason()
             if reason:
@@ -113,6 +116,7 @@ async def alter_configs(ctx: RequestContext, request):
         r = ACR.AlterConfigsResourceResponse(error_code=0, error_message=None, resource_type=res.resource_type,
                                              resource_name=res.resource_name)
         try:
+            require_config_access(ctx, AclOperation.ALTER_CONFIGS, res.resource_type, res.resource_name)
             overrides = {c.name: c.value for c in res.configs if c.value is not None}
             await _alter_resource(ctx, res.resource_type, res.resource_name, overrides, request.validate_only)
         except FluvialError as exc:
@@ -128,6 +132,7 @@ async def incremental_alter_configs(ctx: RequestContext, request):
         r = IACR.AlterConfigsResourceResponse(error_code=0, error_message=None, resource_type=res.resource_type,
                                               resource_name=res.resource_name)
         try:
+            require_config_access(ctx, AclOperation.ALTER_CONFIGS, res.resource_type, res.resource_name)
             current = _current(ctx, res.resource_type, res.resource_name)
 
             def list_value(name: str, overrides: dict[str, str], rtype=res.resource_type, rname=res.resource_name):
@@ -154,6 +159,7 @@ async def delete_records(ctx: RequestContext, request):
         parts = []
         for p in t.partitions:
             try:
+                require(ctx, AclOperation.DELETE, ResourceType.TOPIC, t.name)
                 table = ctx.broker.tables.get(t.name)
                 pk_tables.check_records_deletable(table)
                 bucket = table.bucket(p.partition_index)
@@ -177,6 +183,9 @@ async def delete_records(ctx: RequestContext, request):
 @handles(ApiKey.DESCRIBE_LOG_DIRS, 1, 4)
 async def describe_log_dirs(ctx: RequestContext, request):
     tables = ctx.broker.tables
+    if not allowed_on_cluster(ctx, AclOperation.DESCRIBE):
+        # As Kafka: log directories are the cluster's (DESCRIBE on the cluster).
+        return ctx.response(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, results=[])
     if request.topics is None:
         wanted = {name: [b.index for b in t.buckets] for name, t in tables.tables.items()}
     else:

@@ -1,17 +1,17 @@
 """DescribeCluster and DescribeTopicPartitions."""
 from __future__ import annotations
 
-from fluvial.broker.authorization import TOPIC_OPERATIONS, bitfield, cluster_operations
+from fluvial.broker.authorization import allowed, bitfield, cluster_operations, topic_operations
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
+from fluvial.security.acls import AclOperation, ResourceType
 
 CR = response_class(ApiKey.DESCRIBE_CLUSTER)
 TR = response_class(ApiKey.DESCRIBE_TOPIC_PARTITIONS)
 TopicEntry = TR.DescribeTopicPartitionsResponseTopic
 # Kafka always answers DescribeTopicPartitions with the topic's authorized operations (the
-# request has no flag); with no authorizer, every topic operation (an int32 in this message).
-TOPIC_BITFIELD = bitfield(TOPIC_OPERATIONS)
+# request has no flag), an int32 bitfield in this message.
 PartitionEntry = TopicEntry.DescribeTopicPartitionsResponsePartition
 
 
@@ -27,14 +27,26 @@ async def describe_cluster(ctx: RequestContext, request):
                         cluster_id=ctx.broker.cluster_id, controller_id=cfg.node_id,
                         brokers=[CR.DescribeClusterBroker(broker_id=cfg.node_id, host=cfg.advertised,
                                                           port=ctx.broker.kafka_port, rack=None)],
-                        authorized_operations=cluster_operations(request.include_cluster_authorized_operations))
+                        authorized_operations=cluster_operations(request.include_cluster_authorized_operations, ctx))
 
 
 @handles(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, 0)
 async def describe_topic_partitions(ctx: RequestContext, request):
     node = ctx.broker.config.node_id
     tables = ctx.broker.tables
-    names = [t.name for t in request.topics] if request.topics else sorted(tables.tables)
+    check_acls = ctx.broker.authorizer.enabled
+    if request.topics:
+        names = sorted({t.name for t in request.topics})
+        # A named topic the principal may not describe is refused without telling whether
+        # it exists; listing every topic leaves such topics out.
+        denied = [n for n in names if check_acls and not allowed(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, n)]
+    else:
+        names = sorted(tables.tables)
+        denied = []
+    if denied:
+        names = [n for n in names if n not in set(denied)]
+    elif not request.topics and check_acls:
+        names = [n for n in names if allowed(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, n)]
     if request.cursor is not None:
         names = [n for n in names if n >= request.cursor.topic_name]
     limit = request.response_partition_limit if request.response_partition_limit > 0 else 2000
@@ -58,7 +70,10 @@ async def describe_topic_partitions(ctx: RequestContext, request):
                                         last_known_elr=[], offline_replicas=offline))
             count += 1
         topics.append(TopicEntry(error_code=0, name=name, topic_id=table.topic_id, is_internal=False,
-                                 partitions=parts, topic_authorized_operations=TOPIC_BITFIELD))
+                                 partitions=parts,
+                                 topic_authorized_operations=bitfield(topic_operations(True, ctx, name))))
         if next_cursor is not None:
             break
+    topics.extend(TopicEntry(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, name=n, is_internal=False,
+                             partitions=[], topic_authorized_operations=-2147483648) for n in denied)
     return ctx.response(throttle_time_ms=0, topics=topics, next_cursor=next_cursor)

@@ -7,7 +7,9 @@ from fluvial.broker.broker import on_start
 from fluvial.broker.config import AGG_CONFIG_PREFIX, TOPIC_CONFIGS, config_def
 from fluvial.broker.config_resources import (BROKER_CONFIGS, GROUP_CONFIGS, RESOURCE_BROKER, RESOURCE_GROUP,
                                              RESOURCE_TOPIC, ConfigResources)
+from fluvial.broker.authorization import require_config_access
 from fluvial.broker.handlers import RequestContext, handles
+from fluvial.security.acls import AclOperation
 from fluvial.errors import FluvialError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
@@ -100,6 +102,7 @@ async def describe_configs(ctx: RequestContext, request):
         r = Result(error_code=0, error_message=None, resource_type=res.resource_type,
                    resource_name=res.resource_name, configs=[])
         try:
+            require_config_access(ctx, AclOperation.DESCRIBE_CONFIGS, res.resource_type, res.resource_name)
             if res.resource_type == RESOURCE_TOPIC:
                 table = ctx.broker.tables.get(res.resource_name)
                 r.configs = topic_config_entries(table, keys, request.include_synonyms,

@@ -13,12 +13,14 @@ import weakref
 import numpy as np
 
 from fluvial.broker import kafka_batches, pk_tables
+from fluvial.broker.authorization import allowed
 from fluvial.broker.read_ahead import ReadAhead, next_offset
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.errors import FluvialError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.fetch_response import FetchedPartition, encode_fetch_response
 from fluvial.protocol.messages import ApiKey
+from fluvial.security.acls import AclOperation, ResourceType
 
 
 def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int,
@@ -123,13 +125,19 @@ async def fetch(ctx: RequestContext, request):
     by_id = ctx.version >= 13
     # Resolve topics and buckets once; errors are answered without waiting.
     wanted = []  # (topic_key, partition request, bucket | error code)
+    check_acls = ctx.broker.authorizer.enabled
     for t in request.topics:
         try:
             table = tables.get_by_id(t.topic_id) if by_id else tables.get(t.topic)
         except UnknownTableError:
             table = None
+        # READ on the topic (Kafka checks it before telling whether a named topic exists).
+        denied = check_acls and (table is not None or not by_id) and not allowed(
+            ctx, AclOperation.READ, ResourceType.TOPIC, table.name if table is not None else t.topic)
         for p in t.partitions:
-            if table is None:
+            if denied:
+                target = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            elif table is None:
                 target = ErrorCode.UNKNOWN_TOPIC_ID if by_id else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             elif not 0 <= p.partition < len(table.buckets):
                 target = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

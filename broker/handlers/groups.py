@@ -7,12 +7,13 @@ JoinGroup or SyncGroup is pending.
 """
 from __future__ import annotations
 
-from fluvial.broker.authorization import group_operations
+from fluvial.broker.authorization import allowed, allowed_on_cluster, group_operations
 from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.groups import GroupConfig, GroupCoordinator, GroupStorage
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
+from fluvial.security.acls import AclOperation, ResourceType
 
 FC = response_class(ApiKey.FIND_COORDINATOR)
 JG = response_class(ApiKey.JOIN_GROUP)
@@ -57,6 +58,13 @@ async def stop_group_coordinator(broker) -> None:
         await coord.close()
 
 
+def _group_allowed(ctx: RequestContext, operation: AclOperation, group: str) -> bool:
+    return allowed(ctx, operation, ResourceType.GROUP, group)
+
+
+_GROUP_DENIED = ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
 def _client_host(ctx: RequestContext) -> str:
     # Kafka shows the client address as InetAddress.toString() does: "/host".
     return "/" + ctx.peer.rsplit(":", 1)[0]
@@ -74,15 +82,30 @@ async def find_coordinator(ctx: RequestContext, request):
     error, message = ErrorCode.NONE, None
     if key_type not in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):
         error, message = ErrorCode.INVALID_REQUEST, f"coordinator key type {key_type} is not supported"
+
+    def key_error(key: str) -> tuple[ErrorCode, str | None]:
+        # DESCRIBE on the group, or on the transactional id, as Kafka asks.
+        if error != ErrorCode.NONE:
+            return error, message
+        if key_type == GROUP_KEY_TYPE:
+            if not _group_allowed(ctx, AclOperation.DESCRIBE, key):
+                return _GROUP_DENIED, "Group authorization failed."
+        elif not allowed(ctx, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key):
+            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "Transactional Id authorization failed."
+        return ErrorCode.NONE, None
+
     if ctx.version < 4:
-        ok = error == ErrorCode.NONE
-        return ctx.response(throttle_time_ms=0, error_code=error, error_message=message,
+        code, msg = key_error(request.key)
+        ok = code == ErrorCode.NONE
+        return ctx.response(throttle_time_ms=0, error_code=code, error_message=msg,
                             node_id=node if ok else -1, host=host if ok else "", port=port if ok else -1)
-    ok = error == ErrorCode.NONE
-    return ctx.response(throttle_time_ms=0, coordinators=[
-        FC.Coordinator(key=key, node_id=node if ok else -1, host=host if ok else "", port=port if ok else -1,
-                       error_code=error, error_message=message)
-        for key in request.coordinator_keys])
+    coordinators = []
+    for key in request.coordinator_keys:
+        code, msg = key_error(key)
+        ok = code == ErrorCode.NONE
+        coordinators.append(FC.Coordinator(key=key, node_id=node if ok else -1, host=host if ok else "",
+                                           port=port if ok else -1, error_code=code, error_message=msg))
+    return ctx.response(throttle_time_ms=0, coordinators=coordinators)
 
 
 # -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ------------------------------------------------
@@ -90,6 +113,10 @@ async def find_coordinator(ctx: RequestContext, request):
 
 @handles(ApiKey.JOIN_GROUP, 0, 9)
 async def join_group(ctx: RequestContext, request):
+    if not _group_allowed(ctx, AclOperation.READ, request.group_id):
+        return ctx.response(throttle_time_ms=0, error_code=_GROUP_DENIED, generation_id=-1,
+                            protocol_type=None, protocol_name=None if ctx.version >= 7 else "", leader="",
+                            skip_assignment=False, member_id=request.member_id, members=[])
     result = await coordinator(ctx).join_group(
         group_id=request.group_id,
         member_id=request.member_id,
@@ -116,6 +143,9 @@ async def join_group(ctx: RequestContext, request):
 
 @handles(ApiKey.SYNC_GROUP, 0, 5)
 async def sync_group(ctx: RequestContext, request):
+    if not _group_allowed(ctx, AclOperation.READ, request.group_id):
+        return ctx.response(throttle_time_ms=0, error_code=_GROUP_DENIED, protocol_type=None, protocol_name=None,
+                            assignment=b"")
     result = await coordinator(ctx).sync_group(
         group_id=request.group_id,
         generation_id=request.generation_id,
@@ -131,6 +161,8 @@ async def sync_group(ctx: RequestContext, request):
 
 @handles(ApiKey.HEARTBEAT, 0, 4)
 async def heartbeat(ctx: RequestContext, request):
+    if not _group_allowed(ctx, AclOperation.READ, request.group_id):
+        return ctx.response(throttle_time_ms=0, error_code=_GROUP_DENIED)
     error = coordinator(ctx).heartbeat(
         group_id=request.group_id, generation_id=request.generation_id, member_id=request.member_id,
         group_instance_id=request.group_instance_id if ctx.version >= 3 else None)
@@ -139,6 +171,8 @@ async def heartbeat(ctx: RequestContext, request):
 
 @handles(ApiKey.LEAVE_GROUP, 0, 5)
 async def leave_group(ctx: RequestContext, request):
+    if not _group_allowed(ctx, AclOperation.READ, request.group_id):
+        return ctx.response(throttle_time_ms=0, error_code=_GROUP_DENIED, members=[])
     if ctx.version < 3:
         result = coordinator(ctx).leave_group(request.group_id, [(request.member_id, None)])
         error = result.error
@@ -158,7 +192,17 @@ async def leave_group(ctx: RequestContext, request):
 @handles(ApiKey.DESCRIBE_GROUPS, 0, 6)
 async def describe_groups(ctx: RequestContext, request):
     groups = []
-    for d in coordinator(ctx).describe_groups(list(request.groups)):
+    asked_ops = ctx.version >= 3 and request.include_authorized_operations
+    wanted = list(request.groups)
+    refused = {g for g in wanted if not _group_allowed(ctx, AclOperation.DESCRIBE, g)}
+    described = {d.group_id: d for d in coordinator(ctx).describe_groups([g for g in wanted if g not in refused])}
+    for group_id in wanted:
+        if group_id in refused:
+            groups.append(DG.DescribedGroup(error_code=_GROUP_DENIED, error_message="Group authorization failed.",
+                                            group_id=group_id, group_state="", protocol_type="", protocol_data="",
+                                            members=[], authorized_operations=None))
+            continue
+        d = described[group_id]
         error, message = d.error, None
         if not d.found and error == ErrorCode.NONE and ctx.version >= 6:
             # Since v6 a missing group is an error rather than a "Dead" description.
@@ -170,7 +214,7 @@ async def describe_groups(ctx: RequestContext, request):
                 member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
                 client_host=m.client_host, member_metadata=m.metadata, member_assignment=m.assignment)
                 for m in d.members],
-            authorized_operations=group_operations(ctx.version >= 3 and request.include_authorized_operations)))
+            authorized_operations=group_operations(asked_ops, ctx, d.group_id)))
     return ctx.response(throttle_time_ms=0, groups=groups)
 
 
@@ -179,6 +223,9 @@ async def list_groups(ctx: RequestContext, request):
     states = list(request.states_filter) if ctx.version >= 4 and request.states_filter else None
     types = list(request.types_filter) if ctx.version >= 5 and request.types_filter else None
     listings = coordinator(ctx).list_groups(states, types)
+    if ctx.broker.authorizer.enabled and not allowed_on_cluster(ctx, AclOperation.DESCRIBE):
+        # Without DESCRIBE on the cluster, only the groups the principal may describe.
+        listings = [g for g in listings if _group_allowed(ctx, AclOperation.DESCRIBE, g.group_id)]
     return ctx.response(throttle_time_ms=0, error_code=ErrorCode.NONE, groups=[
         LS.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type, group_state=g.state,
                        group_type="classic")
@@ -188,6 +235,8 @@ async def list_groups(ctx: RequestContext, request):
 @handles(ApiKey.DELETE_GROUPS, 0, 2)
 async def delete_groups(ctx: RequestContext, request):
     names = list(request.groups_names)
-    errors = await coordinator(ctx).delete_groups(names)
+    refused = {n for n in names if not _group_allowed(ctx, AclOperation.DELETE, n)}
+    errors = await coordinator(ctx).delete_groups([n for n in names if n not in refused])
+    errors.update({n: _GROUP_DENIED for n in refused})
     return ctx.response(throttle_time_ms=0, results=[
         DEL.DeletableGroupResult(group_id=name, error_code=errors[name]) for name in names])

@@ -1,10 +1,12 @@
 """OffsetForLeaderEpoch: the end offset of a leader epoch of a bucket (log truncation checks)."""
 from __future__ import annotations
 
+from fluvial.broker.authorization import require
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.errors import FluvialError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
+from fluvial.security.acls import AclOperation, ResourceType
 
 R = response_class(ApiKey.OFFSET_FOR_LEADER_EPOCH)
 EpochEndOffset = R.OffsetForLeaderTopicResult.EpochEndOffset
@@ -17,6 +19,7 @@ async def offset_for_leader_epoch(ctx: RequestContext, request):
         parts = []
         for p in t.partitions:
             try:
+                require(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, t.topic)
                 bucket = ctx.broker.tables.get(t.topic).bucket(p.partition)
                 if p.current_leader_epoch > bucket.leader_epoch:
                     raise FluvialError("leader epoch is newer than the broker's", code=ErrorCode.UNKNOWN_LEADER_EPOCH)

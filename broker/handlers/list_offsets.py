@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import asyncio
 
+from fluvial.broker.authorization import require
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.errors import FluvialError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
+from fluvial.security.acls import AclOperation, ResourceType
 
 R = response_class(ApiKey.LIST_OFFSETS)
 PartitionResponse = R.ListOffsetsTopicResponse.ListOffsetsPartitionResponse
@@ -59,6 +61,7 @@ async def list_offsets(ctx: RequestContext, request):
         parts = []
         for p in t.partitions:
             try:
+                require(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, t.name)
                 bucket = ctx.broker.tables.get(t.name).bucket(p.partition_index)
                 if bucket.remote_log_start is not None and p.timestamp not in (LATEST, EARLIEST, EARLIEST_LOCAL):
                     remote_log = ctx.broker.remote_log

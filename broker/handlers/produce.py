@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from fluvial.broker import kafka_batches, pk_tables
+from fluvial.broker.authorization import allowed
 from fluvial.broker.handlers import Deferred, RequestContext, handles
 from fluvial.errors import FluvialError, InvalidRecordError, MessageTooLargeError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
@@ -18,6 +19,7 @@ from fluvial.protocol.fetch_response import EncodedResponse
 from fluvial.protocol.messages import ApiKey, response_class
 from fluvial.protocol.produce_response import ProducedPartition, encode_produce_response
 from fluvial.protocol.records import parse_batch_header, set_base_offset, split_batches, verify_crc
+from fluvial.security.acls import AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
 R = response_class(ApiKey.PRODUCE)
@@ -97,9 +99,21 @@ async def produce(ctx: RequestContext, request):
                 for p in t.partition_data]) for t in request.topic_data])
     acks = request.acks
     parts: list[_Part] = []
+    # ACLs (when the authorizer is on): WRITE on the transactional id for the whole request,
+    # WRITE on each topic for its partitions; a refused partition is not looked at further.
+    check_acls = broker.authorizer.enabled
+    denied_all = None
+    if check_acls and request.transactional_id is not None and not allowed(
+            ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id):
+        denied_all = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     for t in request.topic_data:
+        denied = denied_all
+        if check_acls and denied is None and not allowed(ctx, AclOperation.WRITE, ResourceType.TOPIC, t.name):
+            denied = ErrorCode.TOPIC_AUTHORIZATION_FAILED
         for p in t.partition_data:
-            if acks not in (0, 1, -1):
+            if denied is not None:
+                parts.append(_Part(t.name, p.index, _error(p.index, denied)))
+            elif acks not in (0, 1, -1):
                 parts.append(_Part(t.name, p.index, _error(p.index, ErrorCode.INVALID_REQUIRED_ACKS)))
             else:
                 parts.append(_prepare(ctx, t.name, p.index, p.records))

@@ -5,11 +5,13 @@ import asyncio
 import logging
 
 from fluvial.broker.broker import on_start, on_stop
+from fluvial.broker.authorization import allowed, allowed_on_any, allowed_on_cluster
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.broker.producer_state import ProducerIdManager, ProducerStateRegistry
 from fluvial.errors import FluvialError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey
+from fluvial.security.acls import AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,16 @@ async def stop_producer_state(broker) -> None:
 @handles(ApiKey.INIT_PRODUCER_ID, 0, 5)
 async def init_producer_id(ctx: RequestContext, request):
     ids: ProducerIdManager = ctx.broker.extensions["producer_ids"]
+    # A transactional producer needs WRITE on its transactional id; an idempotent one
+    # IDEMPOTENT_WRITE on the cluster or WRITE on some topic (Kafka 3+).
+    if request.transactional_id is not None:
+        if not allowed(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id):
+            return ctx.response(throttle_time_ms=0, error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                                producer_id=-1, producer_epoch=-1)
+    elif not (allowed_on_cluster(ctx, AclOperation.IDEMPOTENT_WRITE)
+              or allowed_on_any(ctx, AclOperation.WRITE, ResourceType.TOPIC)):
+        return ctx.response(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                            producer_id=-1, producer_epoch=-1)
     pid = request.producer_id if ctx.version >= 3 else -1
     epoch = request.producer_epoch if ctx.version >= 3 else -1
     loop = asyncio.get_running_loop()

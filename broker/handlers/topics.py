@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from fluvial.broker.config import TOPIC_CONFIGS
+from fluvial.broker.authorization import AuthorizationFailed, allowed, allowed_on_cluster, require
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.broker.replica_assignment import partitions_of_create
 from fluvial.errors import FluvialError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
+from fluvial.security.acls import AclOperation, ResourceType
 
 CR = response_class(ApiKey.CREATE_TOPICS)
 DR = response_class(ApiKey.DELETE_TOPICS)
@@ -20,6 +22,7 @@ SOURCE_DEFAULT = 5
 async def create_topics(ctx: RequestContext, request):
     results = []
     seen: set[str] = set()
+    create_on_cluster = allowed_on_cluster(ctx, AclOperation.CREATE)
     for topic in request.topics:
         r = CR.CreatableTopicResult(name=topic.name, error_code=0, error_message=None, num_partitions=-1,
                                     replication_factor=-1, configs=None)
@@ -27,6 +30,9 @@ async def create_topics(ctx: RequestContext, request):
             if topic.name in seen:
                 raise FluvialError(f"Duplicate topic {topic.name} in request", code=ErrorCode.INVALID_REQUEST)
             seen.add(topic.name)
+            # CREATE on the cluster or on the topic, as Kafka asks.
+            if not (create_on_cluster or allowed(ctx, AclOperation.CREATE, ResourceType.TOPIC, topic.name)):
+                raise AuthorizationFailed("Authorization failed.", code=ErrorCode.TOPIC_AUTHORIZATION_FAILED)
             if topic.assignments:
                 buckets = partitions_of_create(topic.assignments, topic.num_partitions, topic.replication_factor,
                                                ctx.broker.config.node_id)
@@ -41,6 +47,11 @@ async def create_topics(ctx: RequestContext, request):
             r.topic_id = table.topic_id
             r.num_partitions = buckets
             r.replication_factor = 1
+            if not allowed(ctx, AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, topic.name):
+                # Created, but its configs are not shown to a principal that may not describe them.
+                r.topic_config_error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                results.append(r)
+                continue
             r.configs = [CR.CreatableTopicResult.CreatableTopicConfigs(
                 name=name, value=table.config(name), read_only=False,
                 config_source=SOURCE_DYNAMIC_TOPIC if name in table.configs else SOURCE_DEFAULT, is_sensitive=False)
@@ -63,7 +74,11 @@ async def delete_topics(ctx: RequestContext, request):
     for name, topic_id in wanted:
         r = DR.DeletableTopicResult(name=name, topic_id=topic_id, error_code=0, error_message=None)
         try:
+            if name is not None:
+                require(ctx, AclOperation.DELETE, ResourceType.TOPIC, name)
             table = tables.get(name) if name is not None else tables.get_by_id(topic_id)
+            if name is None:
+                require(ctx, AclOperation.DELETE, ResourceType.TOPIC, table.name)
             if name is not None and topic_id is not None and topic_id.int != 0 and table.topic_id != topic_id:
                 raise FluvialError("topic id does not match the topic name", code=ErrorCode.INCONSISTENT_TOPIC_ID)
             await tables.delete(table.name)

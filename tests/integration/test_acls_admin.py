@@ -37,7 +37,7 @@ def key(b: AclBinding) -> tuple:
 
 
 def test_create_describe_delete_and_survive_kill9(fresh_broker):
-    b = fresh_broker("--authorizer", "true", "--super-users", "User:ANONYMOUS")
+    b = fresh_broker("--authorizer-enabled", "true", "--super-users", "User:ANONYMOUS")
     a = admin(b)
     wanted = [binding(), binding(name="sales.", pattern=ResourcePatternType.PREFIXED, op=AclOperation.WRITE),
               binding(name="*", principal="User:*", op=AclOperation.DESCRIBE),
@@ -71,7 +71,7 @@ def test_create_describe_delete_and_survive_kill9(fresh_broker):
 
 
 def test_invalid_acls_are_refused_with_invalid_request(fresh_broker):
-    b = fresh_broker("--authorizer", "true", "--super-users", "User:ANONYMOUS")
+    b = fresh_broker("--authorizer-enabled", "true", "--super-users", "User:ANONYMOUS")
     a = admin(b)
     bad = binding(rtype=ResourceType.BROKER, name="other")  # CLUSTER resource: only 'kafka-cluster'
     good = binding()
@@ -99,7 +99,7 @@ def test_acl_apis_need_alter_and_describe_on_the_cluster(fresh_broker):
     # ANONYMOUS is no super user here: it may only DESCRIBE the cluster (an ACL set by hand
     # in the data directory before the broker starts, as an operator restoring a backup would).
     import json
-    b = fresh_broker("--authorizer", "true")
+    b = fresh_broker("--authorizer-enabled", "true")
     b.stop()
     (b.data_dir / "acls.json").write_text(json.dumps({"format": 1, "acls": [
         {"resource_type": "CLUSTER", "name": "kafka-cluster", "pattern_type": "LITERAL", "principal": "User:*",
@@ -115,3 +115,43 @@ def test_acl_apis_need_alter_and_describe_on_the_cluster(fresh_broker):
         a.delete_acls([flt], request_timeout=T)[flt].result()
     assert err.value.args[0].name() == "CLUSTER_AUTHORIZATION_FAILED"
     assert len(a.describe_acls(everything(), request_timeout=T).result()) == 1
+
+
+def _cli(b, *args: str) -> tuple[int, str, str]:
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "fluvial.broker", "acl", *args, "--bootstrap", b.bootstrap,
+                        "--timeout", "15"], capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_acl_cli_add_list_remove(fresh_broker, tmp_path):
+    import json
+    b = fresh_broker("--authorizer-enabled", "true", "--super-users", "User:ANONYMOUS")
+    code, out, err = _cli(b, "add", "--principal", "User:alice", "--operation", "read", "--operation", "describe",
+                          "--topic", "sales.", "--pattern", "prefixed")
+    assert code == 0, err
+    code, out, err = _cli(b, "add", "--principal", "User:bob", "--deny", "--operation", "write", "--topic", "orders")
+    assert code == 0, err
+    code, out, err = _cli(b, "list")
+    listed = json.loads(out)
+    assert {(d["name"], d["pattern"], d["principal"], d["operation"], d["permission"]) for d in listed} == {
+        ("sales.", "PREFIXED", "User:alice", "READ", "ALLOW"), ("sales.", "PREFIXED", "User:alice", "DESCRIBE", "ALLOW"),
+        ("orders", "LITERAL", "User:bob", "WRITE", "DENY")}
+    code, out, err = _cli(b, "list", "--topic", "sales.q", "--pattern", "match")
+    assert {d["operation"] for d in json.loads(out)} == {"READ", "DESCRIBE"}
+    # Mistakes are refused with a message, not sent.
+    code, out, err = _cli(b, "add", "--principal", "User:x", "--operation", "frobnicate", "--topic", "t")
+    assert code != 0 and "unknown operation" in err
+    code, out, err = _cli(b, "remove")
+    assert code != 0 and "--all" in err
+    code, out, err = _cli(b, "remove", "--principal", "User:bob")
+    assert code == 0, err
+    assert [d["principal"] for d in json.loads(out)["removed"]] == ["User:bob"]
+    code, out, err = _cli(b, "list")
+    assert {d["principal"] for d in json.loads(out)} == {"User:alice"}
+    # Client properties from a file (here: a bad option value librdkafka rejects).
+    props = tmp_path / "client.properties"
+    props.write_text("# admin client\nsecurity.protocol=NOPE\n")
+    code, out, err = _cli(b, "list", "--command-config", str(props))
+    assert code != 0
