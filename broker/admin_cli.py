@@ -10,6 +10,7 @@ import json
 import sys
 
 from fluvial.broker.cli import subcommand
+from fluvial.client.cli_options import add_connection_arguments
 
 
 def _admin(args):
@@ -62,8 +63,9 @@ def topic_describe(args) -> int:
     if args.table_api:
         # Bytes and segment counts of the local and the remote log are not in the Kafka
         # protocol: the table API's status action has them.
-        from fluvial.client import connect
-        with connect(args.table_api) as client:
+        from fluvial.client import Client
+        from fluvial.client.cli_options import security_from_args
+        with Client(args.table_api, security=security_from_args(args)) as client:
             out["storage"] = client.storage_status(args.topic)["buckets"]
     _print(out)
     return 0
@@ -132,6 +134,7 @@ def register_topic(sub) -> None:
     q.add_argument("topic")
     q.add_argument("--table-api", default=None, metavar="URL",
                    help="also show local/remote bytes and segment counts from the table API (grpc://host:port)")
+    add_connection_arguments(q)
     q.set_defaults(run=topic_describe)
     q = ts.add_parser("create")
     _add_bootstrap(q)

@@ -10,6 +10,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 
 from fluvial.broker.cli import subcommand
+from fluvial.client.cli_options import add_connection_arguments, security_from_args
 
 TYPES = {
     "int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(), "string": pa.string(),
@@ -20,11 +21,12 @@ _WHERE = re.compile(r"^\s*(\S+)\s+(=|!=|<=|>=|<|>|not in|in|is_null|not_null)\s*
 
 def _url_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="grpc://127.0.0.1:8815", help="the broker's table API (Flight) location")
+    add_connection_arguments(p)
 
 
 def _connect(args):
-    from fluvial.client import connect
-    return connect(args.url)
+    from fluvial.client import Client
+    return Client(args.url, security=security_from_args(args))
 
 
 def _fail(exc: Exception) -> int:

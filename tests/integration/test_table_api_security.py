@@ -258,3 +258,40 @@ def test_open_default_needs_no_credentials(tmp_path):
             assert c.table("open_t").scan().to_arrow().num_rows == 3
     finally:
         b.stop()
+
+
+def test_cli_tools_take_the_user_from_options_and_the_password_from_the_environment(secured, pki, admin, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    admin.create_table("cli_seen", SCHEMA)
+    secured.clear_acls()
+    secured.allow("alice", Op.DESCRIBE, "cli_seen")
+    base = [sys.executable, "-m", "fluvial.broker", "table", "list", "--url", secured.flight_url,
+            "--tls-root-certs", str(pki.ca)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLUVIAL_")}
+    ok = subprocess.run(base + ["--username", "alice"], env={**env, "FLUVIAL_PASSWORD": USERS["alice"]},
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert "cli_seen" in ok.stdout and "meta_hidden" not in ok.stdout
+    password_file = tmp_path / "password"
+    password_file.write_text("wrong\n")
+    bad = subprocess.run(base + ["--username", "alice", "--password-file", str(password_file)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "invalid username or password" in bad.stderr
+    assert USERS["alice"] not in bad.stderr + bad.stdout
+    anonymous = subprocess.run(base, env=env, capture_output=True, text=True, timeout=60)
+    assert anonymous.returncode != 0 and "authentication required" in anonymous.stderr
+
+
+def test_lake_tiering_job_authenticates_and_needs_cluster_action(secured, pki):
+    from fluvial.tiering.lake.job import TieringWorker
+
+    secured.clear_acls()
+    security = fc.ConnectionSecurity("alice", USERS["alice"], str(pki.ca))
+    worker = TieringWorker(secured.flight_url, "job-1", security=security)
+    with pytest.raises(fc.AuthorizationError, match="CLUSTER_ACTION"):
+        worker.run_once()
+    secured.allow("alice", Op.CLUSTER_ACTION, "kafka-cluster", ResourceType.CLUSTER)
+    assert worker.run_once() is None  # authorized; no lake table is due

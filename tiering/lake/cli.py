@@ -9,6 +9,7 @@ import sys
 import pyarrow as pa
 
 from fluvial.broker.cli import key_values, setup_logging, subcommand
+from fluvial.client.cli_options import add_connection_arguments, security_from_args
 from fluvial.progress import cli_progress
 
 DEFAULT_URL = "grpc://127.0.0.1:8815"
@@ -32,21 +33,23 @@ def add_tier_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop once nothing was due for this long (default: run until stopped)")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between asks while nothing is due")
     p.add_argument("--log-level", default="info")
+    add_connection_arguments(p)
 
 
 def run_tier(args) -> int:
     setup_logging(args.log_level, "text")
     from fluvial.tiering.lake.job import NativeRoundIO, TieringWorker
 
+    security = security_from_args(args)
     spark = None
     if args.engine == "spark":
         from fluvial.tiering.lake.spark_job import SparkRoundIO, spark_session
         spark = spark_session(args.master, key_values(args.spark_conf, "--spark-conf"))
-        io = SparkRoundIO(spark, args.url, read_mode=args.read_mode)
+        io = SparkRoundIO(spark, args.url, read_mode=args.read_mode, security=security)
     else:
-        io = NativeRoundIO(args.url)
+        io = NativeRoundIO(args.url, security)
     worker = TieringWorker(args.url, args.job, key_values(args.catalog_option, "--catalog-option"), io,
-                           args.table, args.poll)
+                           args.table, args.poll, security=security)
     tiered = 0
     try:
         with cli_progress("lake tiering", args.rounds, "rounds") as bar:
@@ -86,7 +89,7 @@ def run_status(args) -> int:
     import fluvial.client as fc
 
     try:
-        with fc.connect(args.url) as client:
+        with fc.Client(args.url, security=security_from_args(args)) as client:
             rows = client.lake_status(args.table)
     except fc.FluvialError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -107,6 +110,7 @@ def register(sub) -> None:
     t.set_defaults(run=run_tier)
     s = ls.add_parser("status", help="per lake table: state, lake snapshot, tiered offsets, lag")
     s.add_argument("--url", default=DEFAULT_URL)
+    add_connection_arguments(s)
     s.add_argument("--table", default=None)
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=run_status)

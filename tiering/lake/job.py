@@ -86,11 +86,12 @@ class RoundIO(Protocol):
 class NativeRoundIO:
     """Reads through the table API in this process."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, security: fc.ConnectionSecurity | None = None):
         self.url = url
+        self.security = security or fc.ConnectionSecurity()
 
     def _scan(self, table: str, columns: list[str], bucket: int, start: int, end: int):
-        with fc.connect(self.url) as client:
+        with fc.Client(self.url, security=self.security) as client:
             t = client.table(table)
             yield from t.scan(columns=columns, start={bucket: start}, end={bucket: end}, buckets=[bucket]).to_batches()
 
@@ -222,11 +223,15 @@ class TieringWorker:
     """Asks the broker for rounds and runs them, until stopped (or once with `run_once`)."""
 
     def __init__(self, url: str, job: str | None = None, catalog_options: dict[str, str] | None = None,
-                 io: RoundIO | None = None, tables: list[str] | None = None, poll_s: float = 1.0):
+                 io: RoundIO | None = None, tables: list[str] | None = None, poll_s: float = 1.0,
+                 security: fc.ConnectionSecurity | None = None):
         self.url = url
+        # The broker's user for this job: lake-acquire/-heartbeat/-complete/-fail need
+        # CLUSTER_ACTION on the cluster, reading the tables READ.
+        self.security = security or fc.ConnectionSecurity()
         self.job = job or f"{socket.gethostname()}-{os.getpid()}"
         self.catalog_options = catalog_options or {}
-        self.io = io or NativeRoundIO(url)
+        self.io = io or NativeRoundIO(url, self.security)
         self.tables = tables
         self.poll_s = poll_s
         self._stop = threading.Event()
@@ -237,7 +242,7 @@ class TieringWorker:
 
     def run_once(self) -> RoundResult | None:
         """One round of whichever table is due; None when none is."""
-        with fc.connect(self.url) as client:
+        with fc.Client(self.url, security=self.security) as client:
             body = client._action("lake-acquire", {"job": self.job, "tables": self.tables})
             if body is None:
                 return None

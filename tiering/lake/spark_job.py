@@ -59,7 +59,8 @@ def _task_writer(metadata_location: str, io_properties: dict[str, str]):
     return write
 
 
-def _range_writer(url: str, table: str, columns: list[str], metadata_location: str, io_properties: dict[str, str]):
+def _range_writer(url: str, table: str, columns: list[str], metadata_location: str, io_properties: dict[str, str],
+                  security=None):
     """The function each task of the `tasks` read mode runs over its offset ranges."""
     def write(index, parts):
         import fluvial.client as fc
@@ -68,7 +69,7 @@ def _range_writer(url: str, table: str, columns: list[str], metadata_location: s
         from fluvial.tiering.lake.writer import write_data_files
 
         lake = StaticTable.from_metadata(metadata_location, properties=io_properties)
-        with fc.connect(url) as client:
+        with fc.Client(url, security=security) as client:
             t = client.table(table)
             for bucket, start, end in parts:
                 data = t.scan(columns=columns, start={bucket: start}, end={bucket: end}, buckets=[bucket]).to_arrow()
@@ -87,9 +88,12 @@ class SparkRoundIO:
     `format("fluvial")`: Spark's shuffle groups each key's changes."""
 
     def __init__(self, spark, url: str, io_properties: dict[str, str] | None = None, read_mode: str = "tasks",
-                 max_records_per_task: int = 1_000_000):
+                 max_records_per_task: int = 1_000_000, security=None):
+        from fluvial.client import ConnectionSecurity
+
         self.spark = spark
         self.url = url
+        self.security = security or ConnectionSecurity()
         self.io_properties = io_properties or {}
         self.read_mode = read_mode
         self.max_records_per_task = max_records_per_task
@@ -102,12 +106,19 @@ class SparkRoundIO:
         starting = {str(b): s for b, (s, _) in ranges.items()}
         ending = {str(b): e for b, (_, e) in ranges.items()}
         # Buckets without work read nothing: their range is empty at the high watermark.
-        from fluvial.client import connect
-        with connect(self.url) as client:
+        from fluvial.client import Client
+        with Client(self.url, security=self.security) as client:
             for o in client.table(table).offsets():
                 if str(o.bucket) not in starting:
                     starting[str(o.bucket)] = ending[str(o.bucket)] = o.high_watermark
-        return (self.spark.read.format("fluvial").option("url", self.url).option("table", table)
+        reader = self.spark.read.format("fluvial").option("url", self.url)
+        sec = self.security
+        for key, value in (("username", sec.username), ("password", sec.password),
+                           ("tlsRootCerts", sec.tls_root_certs if isinstance(sec.tls_root_certs, str) else
+                            sec.root_certs_pem().decode() if sec.tls_root_certs else None)):
+            if value is not None:
+                reader = reader.option(key, value)
+        return (reader.option("table", table)
                 .option("columns", ",".join(columns))
                 .option("maxRecordsPerPartition", str(self.max_records_per_task))
                 .option("startingOffsets", json.dumps(starting)).option("endingOffsets", json.dumps(ending))
@@ -120,7 +131,8 @@ class SparkRoundIO:
                      for r in split_ranges(b, s, e, self.max_records_per_task)]
             rdd = self.spark.sparkContext.parallelize(parts, max(1, len(parts)))
             written = rdd.mapPartitionsWithIndex(
-                _range_writer(self.url, table, columns, lake_table.metadata_location, self._io(lake_table)))
+                _range_writer(self.url, table, columns, lake_table.metadata_location, self._io(lake_table),
+                              self.security))
             return [pickle.loads(b) for b in written.collect()]
         frame = self._frame(table, columns, ranges)
         written = frame.mapInArrow(_task_writer(lake_table.metadata_location, self._io(lake_table)), "file binary")
