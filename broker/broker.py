@@ -16,6 +16,7 @@ from fluvial.broker.tables import TableManager
 from fluvial.broker.wire_cache import WireCache
 from fluvial.security.acl_store import AclStore
 from fluvial.security.authorizer import Authorizer
+from fluvial.security.options import warn_if_open
 from fluvial.security.users import UserStore
 from fluvial.tiering.object_store import open_object_store
 from fluvial.tiering.remote_log_manager import RemoteLogManager
@@ -83,6 +84,7 @@ class Broker:
         for hook in _START_HOOKS:
             await hook(self)
         self.kafka_port = await self.kafka.start(self.config.host, self.config.kafka_port)
+        warn_if_open(self.config.host, self.config.security)
         self._background.append(asyncio.create_task(self._retention_loop(), name="retention"))
         self._background.append(asyncio.create_task(self.remote_log.run(), name="remote-log"))
         if self.config.flush_policy == "interval":

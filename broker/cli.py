@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from fluvial.broker.config import BrokerConfig
+from fluvial.security.options import add_security_arguments, expand_config_file, security_from_args
 
 
 class JsonFormatter(logging.Formatter):
@@ -31,7 +32,7 @@ def setup_logging(level: str, fmt: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
 
 
-def add_broker_parser(sub) -> None:
+def add_broker_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("broker", help="run the broker")
     d = BrokerConfig()
     p.add_argument("--data-dir", type=Path, default=d.data_dir)
@@ -82,12 +83,18 @@ def add_broker_parser(sub) -> None:
                    help="how often the console's throughput and lag charts take a sample")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
+    p.add_argument("--config", metavar="FILE",
+                   help="Kafka-style properties file (key=value; every flag with dots, e.g. security.protocol); "
+                        "flags given on the command line win")
+    add_security_arguments(p)
     from fluvial.security import authorizer_flags
     authorizer_flags.add_arguments(p)
+    return p
 
 
-def config_from_args(args) -> BrokerConfig:
-    return BrokerConfig(data_dir=args.data_dir, host=args.host, kafka_port=args.kafka_port,
+def config_from_args(args, parser: argparse.ArgumentParser | None = None) -> BrokerConfig:
+    return BrokerConfig(security=security_from_args(args, parser or argparse.ArgumentParser("fluvial broker")),
+                        data_dir=args.data_dir, host=args.host, kafka_port=args.kafka_port,
                         http_port=args.http_port, flight_port=args.flight_port,
                         advertised_host=args.advertised_host, node_id=args.node_id,
                         auto_create_topics=args.auto_create_topics == "true",
@@ -146,7 +153,7 @@ async def run_broker(config: BrokerConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fluvial", description="Fluvial: a Kafka-compatible table broker")
     sub = parser.add_subparsers(dest="command", required=True)
-    add_broker_parser(sub)
+    broker_parser = add_broker_parser(sub)
     import importlib
     for tool in TOOL_MODULES:
         try:
@@ -156,10 +163,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise
     for register in _SUBCOMMANDS:
         register(sub)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["broker"]:
+        argv = expand_config_file(argv, broker_parser)
     args = parser.parse_args(argv)
     if args.command == "broker":
+        config = config_from_args(args, broker_parser)
         setup_logging(args.log_level, args.log_format)
-        config = config_from_args(args)
         from fluvial.security import authorizer_flags
         config.security = authorizer_flags.apply(args, config.security)
         asyncio.run(run_broker(config))

@@ -27,6 +27,8 @@ from fluvial.protocol.fetch_response import EncodedResponse
 from fluvial.protocol.messages import (ApiKey, RequestHeader, decode_request_body, decode_request_header,
                                        encode_api_versions_unsupported, encode_response, error_response)
 from fluvial.protocol.errors import ErrorCode
+from fluvial.security.principal import ANONYMOUS, Principal
+from fluvial.security.sasl import TLS_HANDSHAKE_TIMEOUT_S, secure_connection
 
 if TYPE_CHECKING:
     from fluvial.broker.broker import Broker
@@ -47,7 +49,12 @@ def _api_key(frame: memoryview) -> int:
 
 
 class CloseConnection(Exception):
-    """The request cannot be answered; Kafka's reply to that is closing the connection."""
+    """The request cannot be answered; Kafka's reply to that is closing the connection.
+    `reply`: a last answer sent before closing (e.g. why authentication failed)."""
+
+    def __init__(self, message: str, reply: bytes | None = None):
+        super().__init__(message)
+        self.reply = reply
 
 
 @dataclass(eq=False)
@@ -60,6 +67,10 @@ class Connection:
     # Requests read whose responses are not written yet (a long-polling fetch, a produce
     # waiting for its fsync): such a connection is not idle, however long they take.
     in_progress: int = 0
+    # Listeners with authentication: who the client is, and the gate its requests pass
+    # through (security/sasl.py); None on a PLAINTEXT connection.
+    principal: Principal = ANONYMOUS
+    auth: Any = None
 
 
 class KafkaServer:
@@ -71,6 +82,9 @@ class KafkaServer:
         self.idle_closed = 0
         # Per Kafka API: request latency (read to response ready) and failed requests.
         self.request_stats = RequestStats()
+        # TLS on the listener (security.protocol SSL or SASL_SSL); built in start().
+        self.tls = None
+        self.tls_handshake_timeout_s = TLS_HANDSHAKE_TIMEOUT_S
 
     @property
     def connection_count(self) -> int:
@@ -79,6 +93,10 @@ class KafkaServer:
     async def start(self, host: str, port: int) -> int:
         # backlog: a burst of new clients (hundreds of producers starting together) must not
         # overflow the accept queue, or their SYNs are dropped and retried a second later.
+        sec = self.broker.config.security
+        if sec.kafka_tls:
+            from fluvial.security.tls import server_context
+            self.tls = server_context(sec)
         self._server = await asyncio.start_server(self._on_connection, host, port, limit=1 << 20, backlog=4096)
         if self.broker.config.connections_max_idle_ms > 0:
             self._sweeper = asyncio.create_task(self._close_idle(), name="idle-connections")
@@ -120,6 +138,15 @@ class KafkaServer:
         conn = Connection(peer_s, writer, asyncio.get_running_loop().time())
         self._connections[task] = conn
         outbox: asyncio.Queue = asyncio.Queue(MAX_IN_FLIGHT)
+        if self.tls is not None or self.broker.config.security.kafka_sasl:
+            try:
+                secured = await secure_connection(self, conn, self.tls)
+            except asyncio.CancelledError:
+                secured = False
+            if not secured:
+                self._connections.pop(task, None)
+                writer.transport.abort()
+                return
         sender = asyncio.create_task(self._send_in_order(outbox, conn))
         try:
             await self._read_requests(reader, outbox, conn)
@@ -158,9 +185,14 @@ class KafkaServer:
             conn.last_active = loop.time()
             started = time.perf_counter()
             try:
-                reply = await self._dispatch(frame, conn.peer, started)
-            except CloseConnection:
+                if conn.auth is None:
+                    reply = await self._dispatch(frame, conn.peer, started)
+                else:
+                    reply = await conn.auth.dispatch(self, frame, conn, started)
+            except CloseConnection as exc:
                 self.request_stats.failed(_api_key(frame))
+                if exc.reply is not None:
+                    await outbox.put(exc.reply)
                 raise
             if not isinstance(reply, asyncio.Future):  # a Deferred is timed when its response is ready
                 self.request_stats.observe(_api_key(frame), time.perf_counter() - started)
@@ -170,7 +202,7 @@ class KafkaServer:
             else:
                 await outbox.put(reply)
 
-    async def _dispatch(self, frame: memoryview, peer: str, started: float
+    async def _dispatch(self, frame: memoryview, peer: str, started: float, principal: Principal = ANONYMOUS
                         ) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
         try:
             header = decode_request_header(frame)
@@ -204,7 +236,7 @@ class KafkaServer:
                 raise CloseConnection(str(exc)) from None
             log.info("invalid request from %s (API %d v%d): %s", peer, header.api_key, header.api_version, exc)
             return reply
-        ctx = RequestContext(self.broker, header, peer)
+        ctx = RequestContext(self.broker, header, peer, principal)
         try:
             result = await reg.handler(ctx, request)
         except FluvialError as exc:

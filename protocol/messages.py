@@ -63,6 +63,7 @@ def _load_message_classes() -> tuple[dict[int, type[ApiMessage]], dict[int, type
         pkg = importlib.import_module(f"kafka.protocol.{family}")
         for info in pkgutil.iter_modules(pkg.__path__):
             importlib.import_module(f"kafka.protocol.{family}.{info.name}")
+    importlib.import_module("kafka.protocol.sasl")  # SaslHandshake, SaslAuthenticate
 
     def walk(cls):
         for sub in cls.__subclasses__():
