@@ -148,10 +148,8 @@ class HttpAccess:
         if self.checker is None:
             return ANONYMOUS
         creds = parse_basic(request.headers.get("Authorization"))
-        principal = self.checker.remembered(creds)
-        if principal is None:  # PBKDF2 takes milliseconds: not on the event loop
-            principal = await asyncio.to_thread(self.checker.check, creds)
-        return principal
+        # A check the user store has not remembered derives the key (milliseconds): off the loop.
+        return await asyncio.to_thread(self.checker.check, creds)
 
     async def _forbidden_reason(self, request: web.Request, need: Need) -> str | None:
         """Why the request is refused, or None when it is allowed."""
@@ -235,7 +233,7 @@ def install(broker, app: web.Application) -> HttpAccess:
         users = getattr(broker, "users", None)
         if users is None:
             raise RuntimeError("http_auth=basic needs the broker's user store")
-        checker = PasswordChecker(users.verify_password)
+        checker = PasswordChecker(users.verify_password, users.__contains__)
     access = HttpAccess(broker, checker)
     app[HTTP_ACCESS] = access
     app[rest.SUBJECT_FILTER] = access.visible_subjects

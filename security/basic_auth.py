@@ -1,30 +1,19 @@
 """HTTP Basic credentials (RFC 7617) checked against the broker's user store, for the HTTP port
 and the table API's handshake.
 
-A user's password is checked the SCRAM way (thousands of PBKDF2 rounds), far too slow to
-repeat on every HTTP request of a browser or a schema registry client. A successful check is
-remembered for a short while, keyed by a keyed hash of name and password: no password is
-kept in memory in clear, and a changed or deleted user stops being accepted at the latest
-`REMEMBER_S` later.
+The user store checks a password the SCRAM way (thousands of PBKDF2 rounds) and remembers
+a success until the user's credentials change, so a browser or registry client sending the
+same credentials on every request pays the derivation once. A check that is not remembered
+takes milliseconds: event-loop code runs `check` in a thread.
 """
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
-import secrets
-import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 from fluvial.security.principal import Principal
-
-# How long a verified name and password are accepted without checking the user store again.
-REMEMBER_S = 30.0
-# Bound on remembered credentials: a flood of distinct valid logins cannot grow memory.
-MAX_REMEMBERED = 10_000
 
 
 class CredentialsError(Exception):
@@ -58,47 +47,20 @@ def parse_basic(header: str | None) -> BasicCredentials:
 
 
 class PasswordChecker:
-    """Checks names and passwords with `verify(name, password) -> bool` (the user store's
-    `verify_password`), remembering successes for `remember_s` seconds. Thread-safe."""
+    """Checks names and passwords with the user store (`verify(name, password) -> bool`,
+    `exists(name) -> bool`). Thread-safe as the store is."""
 
-    def __init__(self, verify: Callable[[str, str], bool], remember_s: float = REMEMBER_S):
+    def __init__(self, verify: Callable[[str, str], bool], exists: Callable[[str], bool] | None = None):
         self._verify = verify
-        self._remember_s = remember_s
-        self._key = secrets.token_bytes(32)
-        self._lock = threading.Lock()
-        self._until: dict[bytes, float] = {}
-
-    def _digest(self, creds: BasicCredentials) -> bytes:
-        # Length-prefixed so that ("a:b", "c") and ("a", "b:c") differ.
-        name = creds.username.encode()
-        return hmac.new(self._key, len(name).to_bytes(4, "big") + name + creds.password.encode(),
-                        hashlib.sha256).digest()
-
-    def remembered(self, creds: BasicCredentials) -> Principal | None:
-        """The principal of credentials verified less than `remember_s` ago (cheap: no PBKDF2),
-        else None."""
-        digest = self._digest(creds)
-        with self._lock:
-            until = self._until.get(digest)
-        if until is not None and until > time.monotonic():
-            return Principal.user(creds.username)
-        return None
+        self._exists = exists
 
     def check(self, creds: BasicCredentials) -> Principal:
         """The principal of valid credentials; CredentialsError otherwise (one message for an
-        unknown user and a wrong password, so that names cannot be probed). May take
-        milliseconds (PBKDF2): event-loop code calls `remembered` first and this off the loop."""
-        principal = self.remembered(creds)
-        if principal is not None:
-            return principal
-        digest = self._digest(creds)
-        now = time.monotonic()
+        unknown user and a wrong password, so that names cannot be probed)."""
         if not self._verify(creds.username, creds.password):
             raise CredentialsError("authentication failed: invalid username or password")
-        with self._lock:
-            if len(self._until) >= MAX_REMEMBERED:
-                self._until = {k: v for k, v in self._until.items() if v > now}
-                if len(self._until) >= MAX_REMEMBERED:
-                    self._until.clear()
-            self._until[digest] = now + self._remember_s
         return Principal.user(creds.username)
+
+    def still_exists(self, name: str) -> bool:
+        """Whether a user authenticated earlier (a token's) is still a user."""
+        return self._exists(name) if self._exists is not None else True

@@ -99,7 +99,10 @@ class BasicTokenAuthFactory(flight.ServerMiddlewareFactory):
         scheme, _, value = values[0].strip().partition(" ")
         try:
             if scheme.lower() == "bearer":
-                return CallPrincipal(self.signer.check(value.strip()))
+                principal = self.signer.check(value.strip())
+                if not self.checker.still_exists(principal.name):  # a deleted user's tokens die with it
+                    raise CredentialsError(f"user {principal.name!r} no longer exists")
+                return CallPrincipal(principal)
             principal = self.checker.check(parse_basic(values[0]))
         except CredentialsError as exc:
             raise flight.FlightUnauthenticatedError(str(exc)) from None
@@ -149,7 +152,7 @@ def server_options(broker) -> dict:
         users = getattr(broker, "users", None)
         if users is None:
             raise RuntimeError("flight_auth=basic needs the broker's user store")
-        factory = BasicTokenAuthFactory(PasswordChecker(users.verify_password), TokenSigner())
+        factory = BasicTokenAuthFactory(PasswordChecker(users.verify_password, users.__contains__), TokenSigner())
         options["auth_handler"] = HandshakeAuthHandler()
         options["middleware"] = {MIDDLEWARE_KEY: factory}
     elif cfg.flight_auth != "none":

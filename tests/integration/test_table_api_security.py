@@ -18,7 +18,7 @@ from tests.support.secured_broker import SecuredBroker, tls_security
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 ROWS = pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"]})
-USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
+USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret", "dave": "dave-secret"}
 TOPIC_OPS = [Op.READ, Op.WRITE, Op.CREATE, Op.DELETE, Op.ALTER, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.ALTER_CONFIGS]
 # Kafka's implications: holding one of these grants DESCRIBE too.
 IMPLIES_DESCRIBE = {Op.READ, Op.WRITE, Op.DELETE, Op.ALTER}
@@ -295,3 +295,13 @@ def test_lake_tiering_job_authenticates_and_needs_cluster_action(secured, pki):
         worker.run_once()
     secured.allow("alice", Op.CLUSTER_ACTION, "kafka-cluster", ResourceType.CLUSTER)
     assert worker.run_once() is None  # authorized; no lake table is due
+
+
+def test_a_deleted_users_token_is_refused_at_once(secured, pki):
+    raw, options = _raw(secured, pki, "dave")
+    list(raw.do_action(flight.Action("list-tables", b""), options))
+    secured.delete_user("dave")
+    with pytest.raises(flight.FlightUnauthenticatedError, match="no longer exists"):
+        list(raw.do_action(flight.Action("list-tables", b""), options))
+    with pytest.raises(fc.AuthenticationError):
+        connect(secured, pki, "dave")

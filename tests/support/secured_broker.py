@@ -75,6 +75,9 @@ class SecuredBroker:
     def clear_acls(self) -> None:
         self._command(op="clear")
 
+    def delete_user(self, user: str) -> None:
+        self._command(op="delete_user", user=user)
+
 
 def tls_security(pki, **settings) -> SecurityConfig:
     """Security settings with the test PKI's server certificate, plus `settings`."""
@@ -112,6 +115,8 @@ async def _serve(spec: dict) -> None:
                                                      AclPermissionType.ALLOW)])
             elif command["op"] == "clear":
                 broker.authorizer.replace([])
+            elif command["op"] == "delete_user":
+                broker.users.delete_user(command["user"])
             print(json.dumps({"ok": True}), flush=True)
         except Exception as exc:
             print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)

@@ -26,24 +26,22 @@ def test_parse_basic_header():
             parse_basic(bad)
 
 
-def test_password_checker_remembers_successes_only():
-    calls = []
+def test_password_checker_with_the_user_store(tmp_path):
+    from fluvial.security.users import UserStore
 
-    def verify(name, password):
-        calls.append(name)
-        return password == "right"
-
-    checker = PasswordChecker(verify, remember_s=60)
+    store = UserStore.in_data_dir(tmp_path)
+    store.set_password("alice", "right")
+    checker = PasswordChecker(store.verify_password, store.__contains__)
     assert checker.check(parse_basic(basic("alice:right"))) == Principal.user("alice")
-    assert checker.check(parse_basic(basic("alice:right"))) == Principal.user("alice")
-    assert calls == ["alice"]  # the second check was remembered
-    for _ in range(2):
+    for wrong in ("alice:wrong", "mallory:right", "alic:eright"):
         with pytest.raises(CredentialsError, match="invalid username or password"):
-            checker.check(parse_basic(basic("alice:wrong")))
-    assert calls == ["alice", "alice", "alice"]  # failures are never remembered
-    assert checker.remembered(parse_basic(basic("alice:wrong"))) is None
-    # Name and password are hashed with their boundary: "a:b" + "c" is not "a" + "b:c".
-    assert checker.remembered(parse_basic(basic("alic:eright"))) is None
+            checker.check(parse_basic(basic(wrong)))
+    assert checker.still_exists("alice")
+    store.set_password("alice", "new")
+    with pytest.raises(CredentialsError):  # the old password stops working at once
+        checker.check(parse_basic(basic("alice:right")))
+    store.delete_user("alice")
+    assert not checker.still_exists("alice")
 
 
 def test_tokens_are_signed_expire_and_name_their_expiry():
