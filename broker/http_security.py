@@ -16,6 +16,7 @@ ACL can cover it.
   delete a version or a subject           DELETE on the topic
   a subject's compatibility: read / set   DESCRIBE_CONFIGS / ALTER_CONFIGS on the topic
   global compatibility: read / set        DESCRIBE_CONFIGS / ALTER_CONFIGS on the cluster
+  schemas referenced ($ref) by one sent   DESCRIBE on the referenced subjects' topics
   /schemas/ids/{id}[...]                  DESCRIBE on the topic of any subject using the schema
                                           (a consumer reading the id from a record has READ on
                                           that topic); lists of subjects filtered
@@ -168,9 +169,25 @@ class HttpAccess:
             rtype, resource, what = ResourceType.TOPIC, name, f"topic {name!r}"
         else:
             rtype, resource, what = ResourceType.GROUP, name, f"group {name!r}"
-        if any(self.allowed(request, op, rtype, resource) for op in need.operations):
-            return None
-        return f"{_ops(need)} on {what}"
+        if not any(self.allowed(request, op, rtype, resource) for op in need.operations):
+            return f"{_ops(need)} on {what}"
+        if need.kind == "subject" and request.method == POST:
+            return await self._references_reason(request)
+        return None
+
+    async def _references_reason(self, request: web.Request) -> str | None:
+        """A schema sent for registration, lookup or a compatibility check may `$ref` schemas
+        of other subjects: reading those needs DESCRIBE on their topics too."""
+        try:
+            body = json.loads(await asyncio.wait_for(request.read(), rest.BODY_TIMEOUT_S) or b"{}")
+        except (ValueError, RecursionError, asyncio.TimeoutError):
+            return None  # the handler answers malformed or late bodies the registry's way
+        references = body.get("references") if isinstance(body, dict) else None
+        for ref in references if isinstance(references, list) else ():
+            subject = ref.get("subject") if isinstance(ref, dict) else None
+            if isinstance(subject, str) and not self.may_see_subject(request, subject):
+                return f"DESCRIBE on topic {topic_of_subject(subject)!r} (the schema references subject {subject!r})"
+        return None
 
     async def _schema_reason(self, request: web.Request, text: str) -> str | None:
         registry = self.broker.extensions.get("registry")

@@ -140,3 +140,19 @@ def test_open_default_http_port_needs_no_credentials(tmp_path):
         assert requests.get(f"{b.http_url}/console/", timeout=30).status_code == 200
     finally:
         b.stop()
+
+
+def test_a_schema_referencing_another_topics_subject_needs_describe_on_it(secured, pki):
+    money = json.dumps({"type": "record", "name": "Money", "fields": [{"name": "cents", "type": "long"}]})
+    admin = registry(secured, pki, "admin")
+    admin.register_schema("money-value", Schema(money, "AVRO"))
+    order = json.dumps({"type": "record", "name": "PricedOrder", "fields": [{"name": "price", "type": "Money"}]})
+    body = {"schema": order, "references": [{"name": "Money", "subject": "money-value", "version": 1}]}
+    url = f"{secured.http_url}/subjects/orders-value/versions"
+    refused = requests.post(url, json=body, auth=("alice", USERS["alice"]), verify=str(pki.ca), timeout=10)
+    assert refused.status_code == 403, refused.text
+    assert "references subject 'money-value'" in refused.json()["message"]
+    secured.allow("alice", Op.DESCRIBE, "money")
+    # Allowed now; the registry itself does not take references yet (its own 422).
+    answered = requests.post(url, json=body, auth=("alice", USERS["alice"]), verify=str(pki.ca), timeout=10)
+    assert answered.status_code == 422 and "references" in answered.json()["message"], answered.text
