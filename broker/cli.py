@@ -87,8 +87,6 @@ def add_broker_parser(sub) -> argparse.ArgumentParser:
                    help="Kafka-style properties file (key=value; every flag with dots, e.g. security.protocol); "
                         "flags given on the command line win")
     add_security_arguments(p)
-    from fluvial.security import authorizer_flags
-    authorizer_flags.add_arguments(p)
     return p
 
 
@@ -170,8 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "broker":
         config = config_from_args(args, broker_parser)
         setup_logging(args.log_level, args.log_format)
-        from fluvial.security import authorizer_flags
-        config.security = authorizer_flags.apply(args, config.security)
         asyncio.run(run_broker(config))
         return 0
     return args.run(args) or 0
