@@ -305,3 +305,31 @@ def test_a_deleted_users_token_is_refused_at_once(secured, pki):
         list(raw.do_action(flight.Action("list-tables", b""), options))
     with pytest.raises(fc.AuthenticationError):
         connect(secured, pki, "dave")
+
+
+def test_fluvial_broker_command_with_security_flags(tmp_path, pki):
+    """The real `fluvial broker` process, secured with its command-line flags."""
+    import requests
+
+    from tests.support.broker_process import BrokerProcess
+
+    b = BrokerProcess(tmp_path / "data", "--flight-tls", "true", "--flight-auth", "basic", "--http-tls", "true",
+                      "--http-auth", "basic", "--ssl-certificate-location", str(pki.server.cert),
+                      "--ssl-key-location", str(pki.server.key), "--authorizer-enabled", "true",
+                      "--super-users", "User:admin", "--user", "admin=admin-secret", "--user", "eve=eve-secret",
+                      "--security-protocol", "SASL_PLAINTEXT").start()
+    try:
+        url = f"grpc+tls://localhost:{b.ports['flight_port']}"
+        with fc.connect(url, username="admin", password="admin-secret", tls_root_certs=str(pki.ca)) as admin:
+            admin.create_table("cli_flags", SCHEMA).append(ROWS)
+            assert admin.table("cli_flags").scan().to_arrow().num_rows == 3
+        with fc.connect(url, username="eve", password="eve-secret", tls_root_certs=str(pki.ca)) as eve:
+            assert eve.list_tables() == []
+            with pytest.raises(fc.AuthorizationError):
+                eve.table("cli_flags")
+        http = f"https://localhost:{b.ports['http_port']}"
+        assert requests.get(f"{http}/subjects", verify=str(pki.ca), timeout=10).status_code == 401
+        assert requests.get(f"{http}/subjects", auth=("admin", "admin-secret"), verify=str(pki.ca),
+                            timeout=10).status_code == 200
+    finally:
+        b.stop()
