@@ -19,6 +19,7 @@ apply (the authorizer's): READ, WRITE, DELETE or ALTER imply DESCRIBE.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import pyarrow.flight as flight
@@ -34,6 +35,8 @@ from fluvial.security.principal import Principal
 from fluvial.tiering.lake import actions as lake_actions
 
 CLUSTER_NAME = "kafka-cluster"  # Kafka's one cluster resource
+# Refusals are logged here at INFO (like Kafka's kafka.authorizer.logger), one line each.
+log = logging.getLogger(__name__)
 
 Op = AclOperation
 TABLE_ACTIONS: dict[str, AclOperation] = {
@@ -69,23 +72,27 @@ class Caller:
     def may(self, operation: AclOperation, table: str) -> bool:
         return self._allowed(operation, ResourceType.TOPIC, acl_table_name(self.broker, table))
 
+    def _refused(self, message: str) -> flight.FlightUnauthorizedError:
+        log.info("table API request refused: %s (from %s)", message, self.host)
+        return flight.FlightUnauthorizedError(message)
+
     def require(self, operation: AclOperation, table: str) -> None:
         """Raises FlightUnauthorizedError (PERMISSION_DENIED) unless the table's ACLs allow."""
         if not self.may(operation, table):
-            raise flight.FlightUnauthorizedError(
+            raise self._refused(
                 f"{self.principal} is not authorized to {operation.name} table {table!r}: "
                 f"an ACL allowing {operation.name} on topic {acl_table_name(self.broker, table)!r} is needed")
 
     def require_create(self, table: str) -> None:
         if self._allowed(Op.CREATE, ResourceType.CLUSTER, CLUSTER_NAME) or self.may(Op.CREATE, table):
             return
-        raise flight.FlightUnauthorizedError(
+        raise self._refused(
             f"{self.principal} is not authorized to CREATE table {table!r}: an ACL allowing CREATE on the "
             f"cluster or on topic {table!r} is needed")
 
     def require_cluster(self, operation: AclOperation, what: str) -> None:
         if not self._allowed(operation, ResourceType.CLUSTER, CLUSTER_NAME):
-            raise flight.FlightUnauthorizedError(
+            raise self._refused(
                 f"{self.principal} is not authorized to {what}: an ACL allowing {operation.name} on the cluster "
                 f"is needed")
 
