@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 from urllib.parse import urlsplit
 
 import pyarrow.flight as flight
@@ -33,6 +34,10 @@ class ConnectionSecurity:
     # PEM CA certificate(s) the broker's certificate is checked against: a path or the PEM
     # text/bytes. None: the system's trust store.
     tls_root_certs: str | bytes | Path | None = None
+    # The name the broker's certificate is checked against when it is not the url's host.
+    tls_override_hostname: str | None = None
+    # Services inside the broker: a bearer token made by the broker itself, no handshake.
+    token_provider: Callable[[], str] | None = field(default=None, repr=False, compare=False)
 
     def root_certs_pem(self) -> bytes | None:
         certs = self.tls_root_certs
@@ -52,8 +57,13 @@ def flight_client(url: str, security: ConnectionSecurity) -> flight.FlightClient
     if scheme not in TLS_SCHEMES + PLAIN_SCHEMES:
         raise ValueError(f"a table API address is grpc://host:port or grpc+tls://host:port, not {url!r}")
     if scheme in TLS_SCHEMES:
+        options: dict = {}
         roots = security.root_certs_pem()
-        return flight.FlightClient(url, tls_root_certs=roots) if roots else flight.FlightClient(url)
+        if roots:
+            options["tls_root_certs"] = roots
+        if security.tls_override_hostname:
+            options["override_hostname"] = security.tls_override_hostname
+        return flight.FlightClient(url, **options)
     if security.tls_root_certs is not None:
         raise ValueError(f"tls_root_certs is given but {url!r} is not a TLS address: use grpc+tls://")
     return flight.FlightClient(url)
@@ -77,17 +87,22 @@ def _header_expiry(header_value: bytes) -> float:
 class TokenSession:
     """The bearer token of one client: obtained by the handshake, renewed before it expires."""
 
-    def __init__(self, client: flight.FlightClient, username: str, password: str):
+    def __init__(self, client: flight.FlightClient, username: str | None, password: str | None,
+                 token_provider: Callable[[], str] | None = None):
         self._client = client
         self._username = username
         self._password = password
+        self._token_provider = token_provider
         self._lock = threading.Lock()
         self._header: tuple[bytes, bytes] | None = None
         self._expiry = 0.0
 
     def authenticate(self) -> tuple[bytes, bytes]:
         with self._lock:
-            self._header = self._client.authenticate_basic_token(self._username, self._password)
+            if self._token_provider is not None:
+                self._header = (b"authorization", f"Bearer {self._token_provider()}".encode())
+            else:
+                self._header = self._client.authenticate_basic_token(self._username, self._password or "")
             self._expiry = _header_expiry(self._header[1])
             return self._header
 

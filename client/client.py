@@ -110,8 +110,9 @@ class Client:
         self.security = security or ConnectionSecurity()
         self._flight = flight_client(url, self.security)
         self._session: TokenSession | None = None
-        if self.security.username is not None:
-            self._session = TokenSession(self._flight, self.security.username, self.security.password or "")
+        if self.security.username is not None or self.security.token_provider is not None:
+            self._session = TokenSession(self._flight, self.security.username, self.security.password,
+                                         self.security.token_provider)
             self._authenticate()
         self.remote_reads = remote_reads
         self.object_store_options = dict(object_store_options or {})

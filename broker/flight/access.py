@@ -27,7 +27,7 @@ import pyarrow.flight as flight
 from fluvial.broker.flight import compaction as compaction_api
 from fluvial.broker.flight import pk as pk_api
 from fluvial.broker.flight import tiering as tiering_api
-from fluvial.broker.flight.auth import peer_host, principal_of
+from fluvial.broker.flight.auth import BROKER_PRINCIPAL_TYPE, peer_host, principal_of
 from fluvial.broker.pk_tables import CHANGELOG_SUFFIX
 from fluvial.client.wire import CREATE_TABLE, DESCRIBE, DROP_TABLE, LIST_TABLES, OFFSETS
 from fluvial.security.acls import AclOperation, ResourceType
@@ -64,6 +64,8 @@ class Caller:
         return cls(broker, principal_of(context), peer_host(context))
 
     def _allowed(self, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
+        if self.principal.type == BROKER_PRINCIPAL_TYPE:
+            return True  # the broker's own services (a token only this broker can sign)
         authorizer = getattr(self.broker, "authorizer", None)
         if authorizer is None:
             return True

@@ -58,8 +58,10 @@ class TokenSigner:
         return _b64(hmac.new(self._key, payload.encode(), hashlib.sha256).digest())
 
     def issue(self, principal: Principal) -> str:
-        payload = _b64(json.dumps({"user": principal.name, "exp": int(self._clock() + self.lifetime_s)},
-                                  separators=(",", ":")).encode())
+        body = {"user": principal.name, "exp": int(self._clock() + self.lifetime_s)}
+        if principal.type != "User":
+            body["type"] = principal.type
+        payload = _b64(json.dumps(body, separators=(",", ":")).encode())
         return f"{payload}.{self._sign(payload)}"
 
     def check(self, token: str) -> Principal:
@@ -69,7 +71,7 @@ class TokenSigner:
         body = json.loads(_unb64(payload))
         if body["exp"] <= self._clock():
             raise CredentialsError("token expired: authenticate again")
-        return Principal.user(body["user"])
+        return Principal(body.get("type", "User"), body["user"])
 
 
 class CallPrincipal(flight.ServerMiddleware):
@@ -100,7 +102,7 @@ class BasicTokenAuthFactory(flight.ServerMiddlewareFactory):
         try:
             if scheme.lower() == "bearer":
                 principal = self.signer.check(value.strip())
-                if not self.checker.still_exists(principal.name):  # a deleted user's tokens die with it
+                if principal.type == "User" and not self.checker.still_exists(principal.name):  # a deleted user's tokens die with it
                     raise CredentialsError(f"user {principal.name!r} no longer exists")
                 return CallPrincipal(principal)
             principal = self.checker.check(parse_basic(values[0]))
@@ -152,7 +154,9 @@ def server_options(broker) -> dict:
         users = getattr(broker, "users", None)
         if users is None:
             raise RuntimeError("flight_auth=basic needs the broker's user store")
-        factory = BasicTokenAuthFactory(PasswordChecker(users.verify_password, users.__contains__), TokenSigner())
+        signer = TokenSigner()
+        factory = BasicTokenAuthFactory(PasswordChecker(users.verify_password, users.__contains__), signer)
+        broker.extensions["flight_tokens"] = signer
         options["auth_handler"] = HandshakeAuthHandler()
         options["middleware"] = {MIDDLEWARE_KEY: factory}
     elif cfg.flight_auth != "none":
@@ -160,6 +164,54 @@ def server_options(broker) -> dict:
     if cfg.flight_tls:
         options["tls_certificates"] = [tls_certificate(cfg)]
     return options
+
+
+# The broker's own services calling its table API (the in-broker lake tiering worker). Basic
+# auth only ever yields `User:` principals, so no user can become this one; only a token
+# signed by this broker carries it.
+BROKER_PRINCIPAL_TYPE = "Broker"
+
+
+def broker_principal(broker) -> Principal:
+    return Principal(BROKER_PRINCIPAL_TYPE, f"node-{broker.config.node_id}")
+
+
+def internal_connection(broker):
+    """(url, ConnectionSecurity) for a service of this broker calling its own table API."""
+    from fluvial.client.auth import ConnectionSecurity
+
+    cfg = broker.config.security
+    host = broker.config.host
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    url = f"{'grpc+tls' if cfg.flight_tls else 'grpc'}://{host}:{broker.ports['flight_port']}"
+    signer = broker.extensions.get("flight_tokens")
+    provider = (lambda: signer.issue(broker_principal(broker))) if signer is not None else None
+    if not cfg.flight_tls:
+        return url, ConnectionSecurity(token_provider=provider)
+    # The broker's own certificate need not chain to a CA it knows (ssl_cafile is for client
+    # certificates): a call to its own listener trusts exactly that certificate, under the
+    # name it carries (the address dialled may not be among its names).
+    cert = open(cfg.ssl_certfile, "rb").read()
+    return url, ConnectionSecurity(token_provider=provider, tls_root_certs=cert,
+                                   tls_override_hostname=certificate_name(cert))
+
+
+def certificate_name(pem: bytes) -> str | None:
+    """The first DNS name (else the common name) a PEM certificate is issued to."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    cert = x509.load_pem_x509_certificate(pem)
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns = names.get_values_for_type(x509.DNSName)
+        if dns:
+            return dns[0]
+    except x509.ExtensionNotFound:
+        pass
+    common = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(common[0].value) if common else None
 
 
 def tls_certificate(cfg) -> flight.CertKeyPair:

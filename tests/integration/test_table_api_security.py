@@ -333,3 +333,38 @@ def test_fluvial_broker_command_with_security_flags(tmp_path, pki):
                             timeout=10).status_code == 200
     finally:
         b.stop()
+
+
+def test_in_broker_lake_tiering_on_a_secured_table_api_with_an_encrypted_key(tmp_path, pki):
+    """The broker's own tiering worker goes through its TLS, authenticated table API (as the
+    broker itself), and gRPC gets the encrypted server key decrypted in memory."""
+    import time
+
+    from cryptography.hazmat.primitives import serialization
+
+    from tests.support.broker_process import BrokerProcess
+
+    key = serialization.load_pem_private_key(pki.server.key.read_bytes(), None)
+    encrypted = tmp_path / "server-encrypted.key"
+    encrypted.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                            serialization.BestAvailableEncryption(b"key-secret")))
+    b = BrokerProcess(tmp_path / "data", "--flight-tls", "true", "--flight-auth", "basic",
+                      "--ssl-certificate-location", str(pki.server.cert), "--ssl-key-location", str(encrypted),
+                      "--ssl-key-password", "key-secret", "--authorizer-enabled", "true",
+                      "--super-users", "User:admin", "--user", "admin=admin-secret", "--lake-tiering",
+                      "--security-protocol", "SASL_PLAINTEXT").start()
+    try:
+        url = f"grpc+tls://localhost:{b.ports['flight_port']}"
+        with fc.connect(url, username="admin", password="admin-secret", tls_root_certs=str(pki.ca)) as admin:
+            admin.create_table("lake_secure", SCHEMA, lake=True, configs={"fluvial.lake.freshness": "1ms"})
+            admin.table("lake_secure").append(ROWS)
+            deadline = time.monotonic() + 60
+            while True:
+                status = admin.lake_status("lake_secure")[0]
+                if status["state"] == "tiered" and status["lag_records"] == 0 and status["snapshot_id"]:
+                    break
+                assert time.monotonic() < deadline, (status, b.log_tail())
+                time.sleep(0.2)
+            assert status["error"] is None
+    finally:
+        b.stop()

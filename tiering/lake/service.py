@@ -43,11 +43,13 @@ async def start_lake_tiering(broker) -> None:
     """Started after the table API (it is this worker's way in), when asked for."""
     if not broker.config.lake_tiering:
         return
+    from fluvial.broker.flight.auth import internal_connection
     from fluvial.tiering.lake.job import TieringWorker
 
-    url = f"grpc://{broker.config.host}:{broker.ports['flight_port']}"
+    # Through the table API like any job; on a secured one as the broker itself.
+    url, security = internal_connection(broker)
     worker = TieringWorker(url, job=f"broker-{broker.config.node_id}",
-                           catalog_options=dict(broker.config.lake_catalog_options))
+                           catalog_options=dict(broker.config.lake_catalog_options), security=security)
     worker.start_thread()
     broker.extensions["lake_worker"] = worker
     log.info("lake tiering runs in the broker")
