@@ -1,9 +1,11 @@
 """`fluvial acl add|list|remove`: ACLs of a running broker, through Kafka's ACL APIs.
 
 The tool is a Kafka admin client (confluent-kafka's), so it works against Fluvial and Apache
-Kafka alike, and it connects the way any client does: `--bootstrap`, plus client properties
-for SASL and TLS from `--command-config FILE` (Kafka-style `key=value` lines, librdkafka
-names, as kafka-acls.sh takes them) or `-X key=value`.
+Kafka alike, and it connects the way any client does: `--bootstrap`, then
+`--security-protocol`, `--sasl-mechanism`, `--username` (its password from $FLUVIAL_PASSWORD
+or `--password-file`, never an argument), `--ssl-ca-location`, ..., or client properties from
+`--command-config FILE` (Kafka-style `key=value` lines, librdkafka names, as kafka-acls.sh
+takes them) and `-X key=value`.
 
     fluvial acl add --principal User:alice --operation read --operation describe \\
         --topic orders --bootstrap host:9092 --command-config admin.properties
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from fluvial.broker.cli import subcommand
@@ -41,8 +44,32 @@ def read_properties(path: str) -> dict[str, str]:
     return out
 
 
+PASSWORD_ENV = "FLUVIAL_PASSWORD"
+
+
+def _password(args) -> str:
+    if args.password_file:
+        with open(args.password_file, encoding="utf-8") as f:
+            return f.read().rstrip("\r\n")
+    password = os.environ.get(PASSWORD_ENV)
+    if password is None:
+        raise SystemExit(f"--username {args.username} needs a password: set ${PASSWORD_ENV} or --password-file")
+    return password
+
+
 def client_config(args) -> dict[str, str]:
     conf = {"bootstrap.servers": args.bootstrap, "client.id": "fluvial-acl"}
+    if args.security_protocol:
+        conf["security.protocol"] = args.security_protocol
+    if args.sasl_mechanism:
+        conf["sasl.mechanism"] = args.sasl_mechanism
+    if args.username:
+        conf["sasl.username"] = args.username
+        conf["sasl.password"] = _password(args)
+    for key in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location"):
+        value = getattr(args, key.replace(".", "_"))
+        if value:
+            conf[key] = value
     if args.command_config:
         conf.update(read_properties(args.command_config))
     for item in args.X or []:
@@ -127,12 +154,64 @@ def _filter(args):
             for principal in principals for op in ops]
 
 
+# librdkafka (confluent-kafka) drops DescribeAcls' top-level error and returns an empty list,
+# which would show a refused listing as "no ACLs": listing goes through kafka-python, whose
+# admin client raises the broker's error. Client properties map to its settings.
+_KAFKA_PYTHON_SETTINGS = {
+    "security.protocol": "security_protocol", "sasl.mechanism": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username", "sasl.password": "sasl_plain_password",
+    "ssl.ca.location": "ssl_cafile", "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile", "ssl.key.password": "ssl_password",
+}
+_IGNORED_FOR_LISTING = {"client.id", "bootstrap.servers"}
+
+
+def _listing_admin(args):
+    from kafka.admin import KafkaAdminClient
+    conf = client_config(args)
+    settings: dict = {"bootstrap_servers": conf["bootstrap.servers"], "client_id": "fluvial-acl",
+                      "request_timeout_ms": int(args.timeout * 1000)}
+    for key, value in conf.items():
+        if key in _IGNORED_FOR_LISTING:
+            continue
+        if key == "ssl.endpoint.identification.algorithm":
+            settings["ssl_check_hostname"] = value.lower() == "https"
+        elif key in _KAFKA_PYTHON_SETTINGS:
+            settings[_KAFKA_PYTHON_SETTINGS[key]] = value
+        else:
+            raise SystemExit(f"acl list does not support the client property {key!r} "
+                             f"(supported: {', '.join(sorted(_KAFKA_PYTHON_SETTINGS))})")
+    return KafkaAdminClient(**settings)
+
+
+def _kafka_python_filter(flt):
+    from kafka.admin import (ACLFilter, ACLOperation, ACLPermissionType, ACLResourcePatternType,
+                             ResourcePatternFilter, ResourceType)
+    rtype = 4 if flt.restype.name == "BROKER" else int(flt.restype.value)
+    return ACLFilter(principal=flt.principal, host=flt.host, operation=ACLOperation(int(flt.operation.value)),
+                     permission_type=ACLPermissionType(int(flt.permission_type.value)),
+                     resource_pattern=ResourcePatternFilter(ResourceType(rtype), flt.name,
+                                                            ACLResourcePatternType(
+                                                                int(flt.resource_pattern_type.value))))
+
+
 def acl_list(args) -> int:
-    admin = _admin(args)
+    filters = _filter(args)
+    admin = _listing_admin(args)
     seen = {}
-    for flt in _filter(args):
-        for binding in admin.describe_acls(flt, request_timeout=args.timeout).result():
-            seen[str(_describe(binding))] = _describe(binding)
+    try:
+        for flt in filters:
+            acls, _ = admin.describe_acls(_kafka_python_filter(flt))
+            for acl in acls:
+                d = {"resource_type": acl.resource_pattern.resource_type.name, "name": acl.resource_pattern.resource_name,
+                     "pattern": acl.resource_pattern.pattern_type.name, "principal": acl.principal,
+                     "host": acl.host, "operation": acl.operation.name, "permission": acl.permission_type.name}
+                seen[str(d)] = d
+    except Exception as exc:  # noqa: BLE001 - the broker's refusal, shown by name
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        admin.close()
     print(json.dumps(sorted(seen.values(), key=lambda d: (d["resource_type"], d["name"], d["principal"],
                                                          d["operation"])), indent=2))
     return 0
@@ -153,6 +232,13 @@ def acl_remove(args) -> int:
 
 def _common(q: argparse.ArgumentParser, *, filtering: bool) -> None:
     q.add_argument("--bootstrap", default="127.0.0.1:9092", help="broker address host:port")
+    q.add_argument("--security-protocol", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"))
+    q.add_argument("--sasl-mechanism", choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"))
+    q.add_argument("--username", help=f"SASL user; the password comes from ${PASSWORD_ENV} or --password-file")
+    q.add_argument("--password-file", help="file holding the SASL password")
+    q.add_argument("--ssl-ca-location", help="CA bundle (PEM) the broker's certificate is checked against")
+    q.add_argument("--ssl-certificate-location", help="client certificate (PEM) for mTLS")
+    q.add_argument("--ssl-key-location", help="its private key (PEM)")
     q.add_argument("--command-config", help="client properties file (SASL/TLS settings, librdkafka names)")
     q.add_argument("-X", action="append", metavar="KEY=VALUE", help="one client property (repeatable)")
     q.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the broker")

@@ -469,3 +469,34 @@ def test_real_clients_see_the_same_refusals(secured):
     with pytest.raises(KafkaException) as e:
         admin.create_topics([NewTopic("m.bob-new", 1, 1)], request_timeout=T)["m.bob-new"].result()
     assert e.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_acl_cli_over_sasl(secured, tmp_path):
+    import os
+    import subprocess
+    import sys
+    b = secured
+
+    def cli(*args: str, env_password: str | None = None):
+        env = dict(os.environ)
+        env.pop("FLUVIAL_PASSWORD", None)
+        if env_password is not None:
+            env["FLUVIAL_PASSWORD"] = env_password
+        return subprocess.run([sys.executable, "-m", "fluvial.broker", "acl", *args, "--bootstrap", b.bootstrap,
+                               "--timeout", "15", "--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism",
+                               "PLAIN"], capture_output=True, text=True, timeout=60, env=env)
+
+    p = cli("add", "--username", "admin", "--principal", "User:bob", "--operation", "describe", "--topic", "m.cli",
+            env_password=USERS["admin"])
+    assert p.returncode == 0, p.stderr
+    pw = tmp_path / "bob.pw"
+    pw.write_text(USERS["bob"] + "\n")
+    # bob may not list ACLs: the tool reports the broker's refusal and fails.
+    p = cli("list", "--username", "bob", "--password-file", str(pw))
+    assert p.returncode != 0 and "ClusterAuthorizationFailed" in p.stderr
+    p = cli("list", "--username", "admin", "--topic", "m.cli", env_password=USERS["admin"])
+    assert p.returncode == 0 and [d["principal"] for d in json.loads(p.stdout)] == ["User:bob"]
+    p = cli("remove", "--username", "admin", "--topic", "m.cli", env_password=USERS["admin"])
+    assert p.returncode == 0 and len(json.loads(p.stdout)["removed"]) == 1
+    p = cli("list", "--username", "admin")
+    assert p.returncode != 0 and "FLUVIAL_PASSWORD" in p.stderr
