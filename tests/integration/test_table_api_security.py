@@ -331,8 +331,14 @@ def test_fluvial_broker_command_with_security_flags(tmp_path, pki):
         assert requests.get(f"{http}/subjects", verify=str(pki.ca), timeout=10).status_code == 401
         assert requests.get(f"{http}/subjects", auth=("admin", "admin-secret"), verify=str(pki.ca),
                             timeout=10).status_code == 200
+        with pytest.raises(fc.AuthenticationError):
+            fc.connect(url, username="eve", password="not-eve-secret", tls_root_certs=str(pki.ca))
     finally:
         b.stop()
+    log = b.log_path.read_text()
+    assert "table API request refused" in log  # eve's refusal is logged ...
+    for password in ("admin-secret", "eve-secret"):
+        assert password not in log  # ... no password ever is
 
 
 def test_in_broker_lake_tiering_on_a_secured_table_api_with_an_encrypted_key(tmp_path, pki):
