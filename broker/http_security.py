@@ -259,10 +259,14 @@ def install(broker, app: web.Application) -> HttpAccess:
 
 
 def ssl_context(broker):
-    """The TLS context of the HTTP port, or None for plain HTTP."""
+    """The TLS context of the HTTP port, or None for plain HTTP. Client certificates are not
+    asked for, whatever the Kafka listener's ssl.client.auth: browsers and registry clients
+    prove who they are with basic credentials here."""
     cfg = broker.config.security
     if not cfg.http_tls:
         return None
+    from dataclasses import replace
+
     from fluvial.security.tls import server_context
 
-    return server_context(cfg)
+    return server_context(replace(cfg, ssl_client_auth="none"))

@@ -317,7 +317,10 @@ def test_fluvial_broker_command_with_security_flags(tmp_path, pki):
                       "--http-auth", "basic", "--ssl-certificate-location", str(pki.server.cert),
                       "--ssl-key-location", str(pki.server.key), "--authorizer-enabled", "true",
                       "--super-users", "User:admin", "--user", "admin=admin-secret", "--user", "eve=eve-secret",
-                      "--security-protocol", "SASL_PLAINTEXT").start()
+                      # mTLS settings of the Kafka listener do not make the HTTP port ask browsers
+                      # and registry clients for certificates.
+                      "--ssl-client-auth", "required", "--ssl-ca-location", str(pki.ca),
+                      "--security-protocol", "SASL_SSL").start()
     try:
         url = f"grpc+tls://localhost:{b.ports['flight_port']}"
         with fc.connect(url, username="admin", password="admin-secret", tls_root_certs=str(pki.ca)) as admin:
