@@ -17,6 +17,7 @@ see a decision made under the ACLs before a change.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -81,6 +82,7 @@ def _applies(acl: AclBinding, principal: str, host: str, op: AclOperation) -> Ac
     return e.permission_type
 
 
+@functools.lru_cache(maxsize=4096)
 def host_of(peer: str) -> str:
     """The address part of a peer written 'host:port' (IPv6 addresses contain colons too)."""
     host, sep, _port = peer.rpartition(":")
@@ -110,7 +112,12 @@ class Authorizer:
         if not self.enabled:
             return True
         snap = self._snap
-        key = (principal, host, operation, resource_type, name)
+        # Keyed by the principal's strings, whose hashes Python caches: hashing the
+        # Principal dataclass itself would cost more than the rest of the check.
+        if type(principal) is Principal:
+            key = (principal.type, principal.name, host, operation, resource_type, name)
+        else:
+            key = (principal, host, operation, resource_type, name)
         hit = snap.cache.get(key)
         if hit is not None:
             return hit
@@ -159,7 +166,7 @@ class Authorizer:
         if not self.enabled:
             return True
         snap = self._snap
-        key = ("any", principal, host, operation, resource_type)
+        key = ("any", str(principal), host, operation, resource_type)
         hit = snap.cache.get(key)
         if hit is None:
             hit = self._decide_any(snap, str(principal), host, operation, resource_type)
