@@ -377,3 +377,27 @@ def test_in_broker_lake_tiering_on_a_secured_table_api_with_an_encrypted_key(tmp
             assert status["error"] is None
     finally:
         b.stop()
+
+
+LEASE_ACTIONS = [("lake-acquire", {"job": "j"}), ("lake-heartbeat", {"name": "t", "lease_id": "x"}),
+                 ("lake-complete", {"name": "t", "lease_id": "x", "snapshot_id": 1, "offsets": {}}),
+                 ("lake-fail", {"name": "t", "lease_id": "x", "error": "e"})]
+
+
+@pytest.mark.parametrize("action, body", LEASE_ACTIONS, ids=[a for a, _ in LEASE_ACTIONS])
+def test_lake_lease_actions_need_cluster_action(secured, pki, action, body):
+    secured.clear_acls()
+    secured.allow("alice", Op.CLUSTER_ACTION, "kafka-cluster", ResourceType.CLUSTER)
+    for op in TOPIC_OPS:  # every topic operation on the table is not enough
+        secured.allow("bob", op, "t")
+    secured.allow("bob", Op.DESCRIBE, "kafka-cluster", ResourceType.CLUSTER)
+    with connect(secured, pki, "bob") as bob:
+        with pytest.raises(fc.AuthorizationError, match="CLUSTER_ACTION on the cluster"):
+            bob._action(action, body)
+    with connect(secured, pki, "alice") as alice:
+        try:
+            alice._action(action, body)
+        except fc.AuthorizationError:
+            raise
+        except fc.FluvialError:
+            pass  # refused by the coordinator (no such table or lease): the ACL check passed
