@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 # Tool subcommands (topic, group, schema, table, ...) register themselves here:
 # each is `register(subparsers)` that sets `run=fn(args) -> int` on its parser.
 _SUBCOMMANDS: list = []
-TOOL_MODULES = ["fluvial.broker.admin_cli", "fluvial.broker.acl_cli", "fluvial.schema.cli", "fluvial.broker.table_cli",
+TOOL_MODULES = ["fluvial.broker.admin_cli", "fluvial.broker.acl_cli", "fluvial.broker.user_cli", "fluvial.schema.cli", "fluvial.broker.table_cli",
                 "fluvial.tiering.lake.cli"]
 
 

@@ -28,7 +28,7 @@ from fluvial.protocol.messages import (ApiKey, RequestHeader, decode_request_bod
                                        encode_api_versions_unsupported, encode_response, error_response)
 from fluvial.protocol.errors import ErrorCode
 from fluvial.security.principal import ANONYMOUS, Principal
-from fluvial.security.sasl import TLS_HANDSHAKE_TIMEOUT_S, secure_connection
+from fluvial.security.sasl import secure_connection
 
 if TYPE_CHECKING:
     from fluvial.broker.broker import Broker
@@ -84,7 +84,6 @@ class KafkaServer:
         self.request_stats = RequestStats()
         # TLS on the listener (security.protocol SSL or SASL_SSL); built in start().
         self.tls = None
-        self.tls_handshake_timeout_s = TLS_HANDSHAKE_TIMEOUT_S
 
     @property
     def connection_count(self) -> int:

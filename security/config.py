@@ -22,6 +22,8 @@ class SecurityConfig:
     # Kafka's ssl.client.auth: none | requested | required. A verified client certificate's
     # subject becomes the principal on an SSL listener.
     ssl_client_auth: str = "none"
+    # Longest a client may take to complete the TLS handshake before it is disconnected.
+    ssl_handshake_timeout_ms: int = 10_000
     # KIP-368: longest an authenticated SASL session lasts before the client must
     # re-authenticate (0: no limit; Kafka's connections.max.reauth.ms).
     connections_max_reauth_ms: int = 0

@@ -15,6 +15,7 @@ Security settings (Kafka's names where Kafka has one; the TLS file names are lib
   ssl.key.password                  password of an encrypted key
   ssl.ca.location                   CA bundle (PEM) client certificates are verified against
   ssl.client.auth                   none | requested | required (mTLS on SSL listeners)
+  ssl.handshake.timeout.ms          a TLS handshake not done by then is dropped (default 10000)
   connections.max.reauth.ms         KIP-368 session lifetime of SASL connections (0: none)
   authorizer.enabled                true | false: enforce ACLs
   super.users                       User:admin;User:ops (semicolon separated, as Kafka)
@@ -52,6 +53,8 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
                    help="CA bundle (PEM) that client certificates are verified against")
     g.add_argument("--ssl-client-auth", choices=("none", "requested", "required"), default=d.ssl_client_auth,
                    help="client certificates: none, requested or required (mTLS)")
+    g.add_argument("--ssl-handshake-timeout-ms", type=int, default=d.ssl_handshake_timeout_ms,
+                   help="a client that has not completed the TLS handshake by then is disconnected")
     g.add_argument("--connections-max-reauth-ms", type=int, default=d.connections_max_reauth_ms,
                    help="SASL sessions last this long; clients re-authenticate (KIP-368); 0 = no limit")
     g.add_argument("--authorizer-enabled", choices=_BOOL, default=str(d.authorizer).lower(),
@@ -84,6 +87,8 @@ def security_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser
             Principal.parse(s)
         except ValueError as exc:
             parser.error(f"super.users: {exc}")
+    if args.ssl_handshake_timeout_ms <= 0:
+        parser.error("ssl.handshake.timeout.ms must be more than 0")
     if args.connections_max_reauth_ms < 0:
         parser.error("connections.max.reauth.ms must be 0 or more")
     users = {}
@@ -96,7 +101,8 @@ def security_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser
         security_protocol=args.security_protocol, sasl_enabled_mechanisms=mechanisms,
         ssl_certfile=args.ssl_certificate_location, ssl_keyfile=args.ssl_key_location,
         ssl_key_password=args.ssl_key_password, ssl_cafile=args.ssl_ca_location,
-        ssl_client_auth=args.ssl_client_auth, connections_max_reauth_ms=args.connections_max_reauth_ms,
+        ssl_client_auth=args.ssl_client_auth, ssl_handshake_timeout_ms=args.ssl_handshake_timeout_ms,
+        connections_max_reauth_ms=args.connections_max_reauth_ms,
         authorizer=args.authorizer_enabled == "true", super_users=supers,
         allow_everyone_if_no_acl_found=args.allow_everyone_if_no_acl_found == "true",
         http_auth=args.http_auth, http_tls=args.http_tls == "true",

@@ -41,9 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
-# Longest a TLS handshake may take before the connection is dropped.
-TLS_HANDSHAKE_TIMEOUT_S = 10.0
-
 HANDSHAKE, AUTHENTICATE, AUTHENTICATED = "handshake", "authenticate", "authenticated"
 
 
@@ -271,7 +268,7 @@ async def secure_connection(server: "KafkaServer", conn: "Connection", tls: ssl.
     writer = conn.writer
     if tls is not None:
         try:
-            await writer.start_tls(tls, ssl_handshake_timeout=server.tls_handshake_timeout_s)
+            await writer.start_tls(tls, ssl_handshake_timeout=cfg.ssl_handshake_timeout_ms / 1000)
         except (OSError, ssl.SSLError, asyncio.TimeoutError, EOFError) as exc:
             log.info("TLS handshake with %s failed: %s", conn.peer, exc or type(exc).__name__)
             return False
