@@ -203,6 +203,17 @@ def test_mtls_principal_is_the_certificate_subject(mtls_broker, pki):
     assert alice.error_code == 0
     bob = _tls_call(mtls_broker, _client_ctx(pki, "bob"), 50, 0, {"users": None})
     assert bob.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    # AlterUserScramCredentials needs ALTER on the cluster: bob's is refused and changes nothing.
+    from fluvial.protocol.messages import request_class
+    A = request_class(51)
+    upsert = {"deletions": [], "upsertions": [A.ScramCredentialUpsertion(
+        name="mallory", mechanism=2, iterations=4096, salt=b"s" * 16, salted_password=b"p" * 64)]}
+    refused = _tls_call(mtls_broker, _client_ctx(pki, "bob"), 51, 0, upsert)
+    assert [(r.user, r.error_code) for r in refused.results] == [("mallory", ErrorCode.CLUSTER_AUTHORIZATION_FAILED)]
+    after = _tls_call(mtls_broker, _client_ctx(pki, "alice"), 50, 0, {"users": None})
+    assert "mallory" not in [r.user for r in after.results]
+    done = _tls_call(mtls_broker, _client_ctx(pki, "alice"), 51, 0, upsert)
+    assert [(r.user, r.error_code) for r in done.results] == [("mallory", 0)]
     # confluent-kafka with a client certificate.
     from confluent_kafka import Producer
     c = pki.client("alice")
