@@ -19,22 +19,19 @@ import base64
 import hashlib
 import hmac
 import json
-import logging
 import secrets
 import time
 from typing import Callable
 
 import pyarrow.flight as flight
 
-from fluvial.client.auth import token_expiry  # noqa: F401 - the token format's reader
 from fluvial.security.basic_auth import BasicCredentials, CredentialsError, PasswordChecker, parse_basic
 from fluvial.security.principal import ANONYMOUS, Principal
 
-log = logging.getLogger(__name__)
 
 MIDDLEWARE_KEY = "fluvial-auth"
 # Tokens last an hour: long enough that renewals cost nothing measurable, short enough that a
-# removed user's leaked token does not live long.
+# leaked token, or one issued before a password change, does not live long.
 TOKEN_LIFETIME_S = 3600
 
 
@@ -102,7 +99,8 @@ class BasicTokenAuthFactory(flight.ServerMiddlewareFactory):
         try:
             if scheme.lower() == "bearer":
                 principal = self.signer.check(value.strip())
-                if principal.type == "User" and not self.checker.still_exists(principal.name):  # a deleted user's tokens die with it
+                # A deleted user's tokens die with it.
+                if principal.type == "User" and not self.checker.still_exists(principal.name):
                     raise CredentialsError(f"user {principal.name!r} no longer exists")
                 return CallPrincipal(principal)
             principal = self.checker.check(parse_basic(values[0]))
@@ -231,4 +229,4 @@ def tls_certificate(cfg) -> flight.CertKeyPair:
 
 
 __all__ = ["BasicCredentials", "BasicTokenAuthFactory", "CallPrincipal", "HandshakeAuthHandler", "TokenSigner",
-           "peer_host", "principal_of", "server_options", "token_expiry"]
+           "peer_host", "principal_of", "server_options"]
