@@ -177,6 +177,12 @@ class KafkaServer:
             (size,) = _SIZE.unpack(await reader.readexactly(4))
             if size < 0 or size > max_bytes:
                 raise CloseConnection(f"request of {size} bytes is larger than max.request.bytes={max_bytes}")
+            auth = conn.auth
+            if auth is not None and size > auth.max_receive:
+                # Before authentication a client may not make the broker buffer much (Kafka's
+                # sasl.server.max.receive.size).
+                raise CloseConnection(f"request of {size} bytes before SASL authentication completed "
+                                      f"(at most {auth.max_receive})")
             # A request still arriving does not count as in progress: a client that stops
             # half-way is closed when idle, and the partial request's buffer freed.
             frame = memoryview(await reader.readexactly(size))
@@ -184,10 +190,10 @@ class KafkaServer:
             conn.last_active = loop.time()
             started = time.perf_counter()
             try:
-                if conn.auth is None:
+                if auth is None:
                     reply = await self._dispatch(frame, conn.peer, started)
                 else:
-                    reply = await conn.auth.dispatch(self, frame, conn, started)
+                    reply = await auth.dispatch(self, frame, conn, started)
             except CloseConnection as exc:
                 self.request_stats.failed(_api_key(frame))
                 if exc.reply is not None:

@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 HANDSHAKE, AUTHENTICATE, AUTHENTICATED = "handshake", "authenticate", "authenticated"
+# Largest request a connection may send before it is authenticated (Kafka's
+# sasl.server.max.receive.size); afterwards only max.request.bytes applies.
+SASL_SERVER_MAX_RECEIVE_SIZE = 524288
+_UNLIMITED = 1 << 62
 
 
 class AuthenticationFailed(Exception):
@@ -123,6 +127,7 @@ class CertificateIdentity:
     request is served as the certificate's principal."""
 
     __slots__ = ()
+    max_receive = _UNLIMITED
 
     async def dispatch(self, server: "KafkaServer", frame: memoryview, conn: "Connection", started: float):
         return await server._dispatch(frame, conn.peer, started, conn.principal)
@@ -140,6 +145,7 @@ class SaslSession:
         self.raw_tokens = False          # SaslHandshake v0: tokens travel as bare frames
         self.reauthenticating = False
         self.expires_at: float | None = None  # loop time the session ends (KIP-368)
+        self.max_receive = SASL_SERVER_MAX_RECEIVE_SIZE
 
     async def dispatch(self, server: "KafkaServer", frame: memoryview, conn: "Connection", started: float):
         from fluvial.broker.server import CloseConnection
@@ -239,6 +245,7 @@ class SaslSession:
             log.debug("%s authenticated as %s with %s", conn.peer, principal, self.mechanism)
         conn.principal = principal
         self.state = AUTHENTICATED
+        self.max_receive = _UNLIMITED
         self.reauthenticating = False
         self.exchange = None
         lifetime = self.cfg.connections_max_reauth_ms

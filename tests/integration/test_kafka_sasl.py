@@ -122,12 +122,13 @@ def test_kafka_python_plain(sasl_broker):
     kw = dict(bootstrap_servers=sasl_broker.bootstrap, security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
               sasl_plain_username="alice", sasl_plain_password="alice-secret")
     producer = KafkaProducer(**kw)
-    for i in range(5):
-        producer.send("plain-topic", f"m{i}".encode())
+    values = [f"m{i}".encode() for i in range(5)] + [b"x" * 700_000]  # once authenticated, large requests pass
+    for v in values:
+        producer.send("plain-topic", v)
     producer.flush(10)
     producer.close()
     consumer = KafkaConsumer("plain-topic", auto_offset_reset="earliest", consumer_timeout_ms=5000, **kw)
-    assert [m.value for m in consumer] == [f"m{i}".encode() for i in range(5)]
+    assert [m.value for m in consumer] == values
     consumer.close()
 
 
@@ -270,6 +271,11 @@ def test_truncated_and_garbled_sasl_frames(sasl_broker):
         assert resp.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED and resp.error_message
         assert r.closed()
         still_served()
+    # A frame larger than an unauthenticated client may send (Kafka's sasl.server.max.receive.size).
+    r = Raw(sasl_broker)
+    r.sock.sendall(struct.pack(">i", 600_000) + b"\0" * 1000)
+    assert r.closed()
+    still_served()
     # A client that stops half-way through a SCRAM exchange and then sends a second first message.
     r = Raw(sasl_broker)
     assert r.call(ApiKey.SASL_HANDSHAKE, 1, {"mechanism": "SCRAM-SHA-256"}).error_code == 0
