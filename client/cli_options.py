@@ -16,10 +16,11 @@ USERNAME_ENV = "FLUVIAL_USERNAME"
 TLS_ROOT_CERTS_ENV = "FLUVIAL_TLS_ROOT_CERTS"
 
 
-def add_connection_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("table API security (a grpc+tls:// url for TLS)")
+def add_connection_arguments(p: argparse.ArgumentParser,
+                             title: str = "table API security (a grpc+tls:// url for TLS)") -> None:
+    g = p.add_argument_group(title)
     g.add_argument("--username", default=None,
-                   help=f"user of the broker, when it authenticates table API clients (default: ${USERNAME_ENV})")
+                   help=f"user of the broker, when it authenticates clients (default: ${USERNAME_ENV})")
     g.add_argument("--password-file", type=Path, default=None,
                    help=f"file whose first line is the password (default: ${PASSWORD_ENV})")
     g.add_argument("--tls-root-certs", default=None, metavar="PEM",

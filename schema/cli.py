@@ -2,14 +2,19 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import ssl
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 from fluvial.broker.cli import subcommand
+from fluvial.client.cli_options import add_connection_arguments, security_from_args
+from fluvial.client.auth import ConnectionSecurity
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
@@ -20,13 +25,33 @@ class RegistryCallError(Exception):
         self.status, self.body = status, body
 
 
-def call(url: str, path: str, method: str = "GET", body: Any = None) -> Any:
+@dataclass(frozen=True)
+class RegistryTarget:
+    """Where the registry is, and how to reach a secured one (HTTPS trust, basic credentials)."""
+
+    url: str
+    security: ConnectionSecurity = ConnectionSecurity()
+
+
+def _target(args) -> RegistryTarget:
+    return RegistryTarget(args.url, security_from_args(args))
+
+
+def call(target: str | RegistryTarget, path: str, method: str = "GET", body: Any = None) -> Any:
     """One request to the registry; RegistryCallError carries its error body."""
+    if isinstance(target, str):
+        target = RegistryTarget(target)
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
-                                 headers={"Content-Type": CONTENT_TYPE, "Accept": CONTENT_TYPE})
+    headers = {"Content-Type": CONTENT_TYPE, "Accept": CONTENT_TYPE}
+    sec = target.security
+    if sec.username is not None:
+        token = base64.b64encode(f"{sec.username}:{sec.password or ''}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    roots = sec.root_certs_pem()
+    context = ssl.create_default_context(cadata=roots.decode()) if roots else None
+    req = urllib.request.Request(target.url.rstrip("/") + path, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=30, context=context) as r:
             return json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
         raw = e.read()
@@ -68,8 +93,8 @@ def _schema_body(args) -> dict:
 
 def schema_register(args) -> int:
     try:
-        out = call(args.url, f"/subjects/{_quote(args.subject)}/versions", "POST", _schema_body(args))
-        version = call(args.url, f"/subjects/{_quote(args.subject)}", "POST", _schema_body(args))["version"]
+        out = call(_target(args), f"/subjects/{_quote(args.subject)}/versions", "POST", _schema_body(args))
+        version = call(_target(args), f"/subjects/{_quote(args.subject)}", "POST", _schema_body(args))["version"]
     except RegistryCallError as exc:
         return _fail(exc)
     _print({"subject": args.subject, "id": out["id"], "version": version})
@@ -79,9 +104,9 @@ def schema_register(args) -> int:
 def schema_get(args) -> int:
     try:
         if args.id is not None:
-            out = call(args.url, f"/schemas/ids/{args.id}")
+            out = call(_target(args), f"/schemas/ids/{args.id}")
         elif args.subject:
-            out = call(args.url, f"/subjects/{_quote(args.subject)}/versions/{args.version}")
+            out = call(_target(args), f"/subjects/{_quote(args.subject)}/versions/{args.version}")
         else:
             print("error: give a subject or --id", file=sys.stderr)
             return 2
@@ -97,9 +122,9 @@ def schema_get(args) -> int:
 def schema_list(args) -> int:
     try:
         if args.subject:
-            out = call(args.url, f"/subjects/{_quote(args.subject)}/versions")
+            out = call(_target(args), f"/subjects/{_quote(args.subject)}/versions")
         else:
-            out = call(args.url, "/subjects")
+            out = call(_target(args), "/subjects")
     except RegistryCallError as exc:
         return _fail(exc)
     if args.subject:
@@ -112,7 +137,7 @@ def schema_list(args) -> int:
 
 def schema_check(args) -> int:
     try:
-        out = call(args.url, f"/compatibility/subjects/{_quote(args.subject)}/versions/{args.version}?verbose=true",
+        out = call(_target(args), f"/compatibility/subjects/{_quote(args.subject)}/versions/{args.version}?verbose=true",
                    "POST", _schema_body(args))
     except RegistryCallError as exc:
         return _fail(exc)
@@ -124,9 +149,9 @@ def schema_config(args) -> int:
     path = f"/config/{_quote(args.subject)}" if args.subject else "/config"
     try:
         if args.set:
-            out = call(args.url, path, "PUT", {"compatibility": args.set.upper()})
+            out = call(_target(args), path, "PUT", {"compatibility": args.set.upper()})
         else:
-            out = call(args.url, path + ("?defaultToGlobal=true" if args.subject else ""))
+            out = call(_target(args), path + ("?defaultToGlobal=true" if args.subject else ""))
     except RegistryCallError as exc:
         return _fail(exc)
     _print(out)
@@ -138,7 +163,7 @@ def schema_delete(args) -> int:
     if args.permanent:
         path += "?permanent=true"
     try:
-        out = call(args.url, path, "DELETE")
+        out = call(_target(args), path, "DELETE")
     except RegistryCallError as exc:
         return _fail(exc)
     _print(out)
@@ -153,7 +178,8 @@ def register_schema(sub) -> None:
     def parser(name: str, help: str) -> argparse.ArgumentParser:
         q = ss.add_parser(name, help=help)
         q.add_argument("--registry", "--url", dest="url", default="http://127.0.0.1:8081",
-                       help="schema registry URL (the broker's HTTP port)")
+                       help="schema registry URL (the broker's HTTP port; https:// when it uses TLS)")
+        add_connection_arguments(q, "security of the HTTP port (an https:// url for TLS)")
         return q
 
     q = parser("register", "register a schema under a subject (<topic>-value for a table's values)")

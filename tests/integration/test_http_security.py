@@ -156,3 +156,20 @@ def test_a_schema_referencing_another_topics_subject_needs_describe_on_it(secure
     # Allowed now; the registry itself does not take references yet (its own 422).
     answered = requests.post(url, json=body, auth=("alice", USERS["alice"]), verify=str(pki.ca), timeout=10)
     assert answered.status_code == 422 and "references" in answered.json()["message"], answered.text
+
+
+def test_schema_cli_with_credentials_over_tls(secured, pki):
+    import os
+    import subprocess
+    import sys
+
+    registry(secured, pki, "alice").register_schema("orders-value", Schema(AVRO, "AVRO"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLUVIAL_")}
+    base = [sys.executable, "-m", "fluvial.broker", "schema", "list", "--registry", secured.http_url,
+            "--tls-root-certs", str(pki.ca)]
+    ok = subprocess.run(base + ["--username", "carol"], env={**env, "FLUVIAL_PASSWORD": USERS["carol"]},
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.split() == ["orders-value"]   # carol may describe orders only
+    refused = subprocess.run(base, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "error 40101" in refused.stderr
