@@ -241,8 +241,8 @@ class SaslSession:
         return answer(ErrorCode.NONE, None, token, lifetime)
 
     def _start_session(self, conn: "Connection", principal: Principal) -> int:
-        if not self.reauthenticating:
-            log.debug("%s authenticated as %s with %s", conn.peer, principal, self.mechanism)
+        log.debug("%s %s as %s with %s", conn.peer, "re-authenticated" if self.reauthenticating else "authenticated",
+                  principal, self.mechanism)
         conn.principal = principal
         self.state = AUTHENTICATED
         self.max_receive = _UNLIMITED

@@ -23,7 +23,7 @@ def sasl_broker(tmp_path_factory):
     """SASL_PLAINTEXT with PLAIN and SCRAM-SHA-256 (not -512), sessions of 2 s (KIP-368)."""
     b = BrokerProcess(tmp_path_factory.mktemp("sasl") / "data", "--security-protocol", "SASL_PLAINTEXT",
                       "--sasl-enabled-mechanisms", "PLAIN,SCRAM-SHA-256", "--connections-max-reauth-ms", "2000",
-                      *USERS).start()
+                      "--log-level", "debug", *USERS).start()
     yield b
     b.stop()
 
@@ -161,7 +161,9 @@ def test_confluent_scram_sha256_and_reauthentication(sasl_broker):
     consumer.close()
     assert got == [f"r{i}".encode() for i in range(sent)]
     # The sessions were renewed, not dropped: no expiry closed a connection.
-    assert "expired" not in sasl_broker.log_path.read_text(errors="replace")[log_before:]
+    log = sasl_broker.log_path.read_text(errors="replace")[log_before:]
+    assert "expired" not in log
+    assert log.count("re-authenticated as User:bob with SCRAM-SHA-256") >= 2, log
 
 
 def test_confluent_wrong_password_fails_clearly(sasl_broker):
