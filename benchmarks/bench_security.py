@@ -13,12 +13,13 @@ to the last acknowledgement), consume them from the start (records/s from the fi
 the last), and, on a connection already authenticated, M single-record produce round trips
 (linger.ms 0, flush after each: the median and 99th percentile latency). Systems alternate
 (Kafka first in even rounds, Fluvial first in odd ones) and so do protocols, so that slow
-moments of the shared machine fall on both. Ratios are taken per round pair: Fluvial/Kafka
+moments of the shared machine fall on both. A first warm-up round (the JVM's JIT, the page
+cache) is run and kept in the file but not counted. Ratios are taken per round pair: Fluvial/Kafka
 under each protocol, and each system's SASL_SSL/PLAINTEXT; the medians of those are reported
 with the worst pair.
 
 Run: `python benchmarks/bench_security.py [--rounds 3] [--records 100000] [--size 1000]
-[--latency-requests 300]`. Results: benchmarks/results/security.json, with os.getloadavg()
+[--latency-requests 300] [--warmup-rounds 1]`. Results: benchmarks/results/security.json, with os.getloadavg()
 at the start and end of every round. `--quick` is the smoke run the tests use (small sizes,
 one round, nothing saved unless --output is given).
 """
@@ -42,6 +43,7 @@ from benchmarks.brokers import FLUVIAL_FLUSH_NONE, RunningBroker, remove_workdir
 from benchmarks.secure_kafka import (PLAINTEXT, SASL_SSL, SCRAM_SHA_512, Credentials, SecureKafka,  # noqa: E402
                                      start_secure_kafka)
 from tests.support.certs import make_pki  # noqa: E402
+from tests.support.secure_broker import add_users, kafka_listener_args  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "security.json"
 SYSTEMS = ("kafka", "fluvial")
@@ -60,11 +62,6 @@ def log(message: str) -> None:
     print(f"[security {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def fluvial_security_args(pki, data_dir: Path) -> list[str]:
-    """`fluvial broker` flags for a SASL_SSL Kafka listener with SCRAM-SHA-512 and one user."""
-    return ["--security-protocol", SASL_SSL, "--ssl-certfile", str(pki.server.cert),
-            "--ssl-keyfile", str(pki.server.key), "--sasl-enabled-mechanisms", SCRAM_SHA_512,
-            "--bootstrap-user", f"{USER}={PASSWORD}"]
 
 
 class Setup:
@@ -85,11 +82,14 @@ class Setup:
         if "fluvial" not in systems:
             return
         log("starting Fluvial (PLAINTEXT)")
+        (self.workdir / "fluvial-plaintext").mkdir()
         self.fluvial[PLAINTEXT] = start_fluvial(self.workdir / "fluvial-plaintext", FLUVIAL_FLUSH_NONE)
         log("starting Fluvial (SASL_SSL)")
+        workdir = self.workdir / "fluvial-sasl-ssl"
+        add_users(workdir / "data", {USER: PASSWORD})   # start_fluvial's data dir
         self.fluvial[SASL_SSL] = start_fluvial(
-            self.workdir / "fluvial-sasl-ssl", FLUVIAL_FLUSH_NONE,
-            extra_args=fluvial_security_args(self.pki, self.workdir), client_config=self.credentials.confluent())
+            workdir, FLUVIAL_FLUSH_NONE, extra_args=kafka_listener_args(self.pki, SASL_SSL, (SCRAM_SHA_512,)),
+            client_config=self.credentials.confluent())
 
     def target(self, system: str, protocol: str) -> tuple[str, dict[str, object]]:
         security = self.credentials.confluent() if protocol == SASL_SSL else {}
@@ -163,7 +163,8 @@ def _ratio_summary(ratios: list[float], higher_is_better: bool) -> dict[str, obj
 
 
 def summarize(rounds: list[dict], systems: tuple[str, ...] = SYSTEMS) -> tuple[dict, dict]:
-    """Medians per system/protocol/metric, and the per-round-pair ratios."""
+    """Medians per system/protocol/metric, and the per-round-pair ratios (warm-up rounds left out)."""
+    rounds = [r for r in rounds if not r.get("warmup")]
     medians: dict = {}
     for system in systems:
         for protocol in PROTOCOLS:
@@ -191,7 +192,7 @@ def _has(r: dict, system: str, protocol: str, metric: str) -> bool:
 
 
 def run(rounds: int, records: int, size: int, latency_requests: int, timeout_s: float,
-        output: Path | None, systems: tuple[str, ...] = SYSTEMS) -> dict:
+        output: Path | None, systems: tuple[str, ...] = SYSTEMS, warmup_rounds: int = 1) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="fluvial-bench-security-"))
     setup = Setup(workdir)
     result: dict = {
@@ -201,7 +202,7 @@ def run(rounds: int, records: int, size: int, latency_requests: int, timeout_s: 
                        "Kafka configured alike",
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "settings": {"rounds": rounds, "records": records, "record_bytes": size, "partitions": PARTITIONS,
+        "settings": {"rounds": rounds, "warmup_rounds": warmup_rounds, "records": records, "record_bytes": size, "partitions": PARTITIONS,
                      "latency_requests": latency_requests, "sasl_mechanism": SCRAM_SHA_512,
                      "producer": "confluent-kafka acks=all linger.ms=5 batch.size=1000000 no compression",
                      "fluvial_flush_policy": "none (acknowledged once written to the OS, as Kafka)"},
@@ -212,10 +213,10 @@ def run(rounds: int, records: int, size: int, latency_requests: int, timeout_s: 
     try:
         setup.start(systems)
         result["versions"] = setup.versions()
-        for round_no in range(rounds):
+        for round_no in range(warmup_rounds + rounds):
             order = systems if round_no % 2 == 0 else tuple(reversed(systems))
             protocols = PROTOCOLS if round_no % 2 == 0 else tuple(reversed(PROTOCOLS))
-            entry: dict = {"round": round_no, "order": [f"{s}/{p}" for s in order for p in protocols],
+            entry: dict = {"round": round_no, "warmup": round_no < warmup_rounds, "order": [f"{s}/{p}" for s in order for p in protocols],
                            "load_average_1m": {"start": round(os.getloadavg()[0], 2)}, "figures": {}}
             for system in order:
                 for protocol in protocols:
@@ -263,7 +264,9 @@ def report(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="counted rounds")
+    parser.add_argument("--warmup-rounds", type=int, default=1,
+                        help="rounds run first and not counted (the JVM's JIT, page cache, TLS session setup)")
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--size", type=int, default=1000)
     parser.add_argument("--latency-requests", type=int, default=300)
@@ -273,10 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None, help=f"default: {RESULTS} (none with --quick)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.records, args.latency_requests, args.timeout = 1, 2000, 20, 60.0
+        args.rounds, args.warmup_rounds, args.records, args.latency_requests, args.timeout = 1, 0, 2000, 20, 60.0
     output = args.output or (None if args.quick else RESULTS)
     systems = tuple(s for s in SYSTEMS if s in args.systems.split(","))
-    result = run(args.rounds, args.records, args.size, args.latency_requests, args.timeout, output, systems)
+    result = run(args.rounds, args.records, args.size, args.latency_requests, args.timeout, output, systems,
+                 args.warmup_rounds)
     print(report(result))
     return 1 if result["failures"] else 0
 
