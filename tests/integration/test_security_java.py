@@ -7,9 +7,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from benchmarks.secure_kafka import Credentials, write_properties
-from tests.integration.test_security_docs import guide_block
 from tests.support.broker_process import BrokerProcess
 from tests.support.certs import make_pki
+from tests.support.guide import guide_block
 from tests.support.java_secure import console_consume, console_produce, kafka_acls, printed_records
 from tests.support.secure_broker import add_users, authorizer_args, kafka_listener_args
 
