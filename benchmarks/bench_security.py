@@ -198,7 +198,7 @@ def run(rounds: int, records: int, size: int, latency_requests: int, timeout_s: 
     result: dict = {
         "workload": "security",
         "description": "produce/consume throughput and single-record produce latency over SASL_SSL "
-                       "(SCRAM-SHA-512, TLS 1.3, ECDSA P-256 certificate) and PLAINTEXT, Fluvial and Apache "
+                       "(SCRAM-SHA-512, TLS, ECDSA P-256 certificate) and PLAINTEXT, Fluvial and Apache "
                        "Kafka configured alike",
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
