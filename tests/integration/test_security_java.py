@@ -10,7 +10,7 @@ from benchmarks.secure_kafka import Credentials, write_properties
 from tests.support.broker_process import BrokerProcess
 from tests.support.certs import make_pki
 from tests.support.guide import guide_block
-from tests.support.java_secure import console_consume, console_produce, kafka_acls, printed_records
+from tests.support.java_secure import console_consume, console_produce, kafka_acls, printed_records, run
 from tests.support.secure_broker import add_users, authorizer_args, kafka_listener_args
 
 pytestmark = pytest.mark.java
@@ -95,6 +95,20 @@ def test_java_client_without_the_ca_does_not_connect(java_tools, sasl_ssl_broker
     err = res.stderr.decode()
     assert "SSLHandshakeException" in err or "SslAuthenticationException" in err, err[-3000:]
     assert high_watermark(sasl_ssl_broker, pki, topic_name) == 0
+
+
+def test_kafka_configs_tool_creates_a_scram_user(java_tools, sasl_ssl_broker, pki, tmp_path, topic_name):
+    """kafka-configs.sh --alter --add-config SCRAM-SHA-512=[...] --entity-type users (AlterUserScramCredentials)."""
+    admin = java_config(tmp_path, pki, "SCRAM-SHA-512", "admin")
+    cmd = java_tools.java_tool("kafka.admin.ConfigCommand", "--bootstrap-server", sasl_ssl_broker.bootstrap,
+                               "--command-config", str(admin), "--alter", "--add-config",
+                               "SCRAM-SHA-512=[password=carol-pw-4]", "--entity-type", "users", "--entity-name", "carol")
+    res = run(cmd, 120)
+    assert res.returncode == 0, (res.stdout + res.stderr).decode()[-3000:]
+    carol = java_config(tmp_path, pki, "SCRAM-SHA-512", "carol", password="carol-pw-4")
+    res = console_produce(java_tools, sasl_ssl_broker.bootstrap, topic_name, carol, ["c:1"])
+    assert res.returncode == 0 and b"Exception" not in res.stderr, res.stderr.decode()[-3000:]
+    assert high_watermark(sasl_ssl_broker, pki, topic_name) == 1
 
 
 # -- kafka-acls.sh ----------------------------------------------------------------------------
