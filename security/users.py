@@ -165,6 +165,10 @@ class UserStore:
                 self.set_password(name, password)
 
 
+def valid_user_name(name: str) -> bool:
+    return 0 < len(name) <= 255 and name.isprintable()
+
+
 def check_user_name(name: str) -> None:
-    if not name or len(name) > 255 or any(ord(ch) < 32 for ch in name):
+    if not valid_user_name(name):
         raise ValueError(f"invalid user name {name!r} (1 to 255 printable characters)")

@@ -17,6 +17,7 @@ from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import response_class
 from fluvial.security import scram
 from fluvial.security.acls import AclOperation
+from fluvial.security.users import valid_user_name
 
 DESCRIBE_USER_SCRAM_CREDENTIALS = 50
 ALTER_USER_SCRAM_CREDENTIALS = 51
@@ -98,6 +99,8 @@ async def alter_user_scram_credentials(ctx: RequestContext, request):
         mech = scram.MECHANISM_BY_CODE.get(u.mechanism)
         if not u.name:
             fail(u.name, ErrorCode.UNACCEPTABLE_CREDENTIAL, "Username must not be empty")
+        elif not valid_user_name(u.name):
+            fail(u.name, ErrorCode.UNACCEPTABLE_CREDENTIAL, "Username must be 1 to 255 printable characters")
         elif mech is None:
             fail(u.name, ErrorCode.UNSUPPORTED_SASL_MECHANISM, f"Unknown SCRAM mechanism (code {u.mechanism})")
         elif u.iterations < scram.MIN_ITERATIONS:

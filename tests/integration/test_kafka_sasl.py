@@ -323,3 +323,13 @@ def test_users_survive_kill9(tmp_path):
     finally:
         b.stop()
     assert "c-secret" not in (tmp_path / "data" / "users.json").read_text()
+
+
+def test_sasl_requests_on_a_plaintext_listener(broker):
+    """ApiVersions advertises the SASL APIs everywhere, as Kafka does; a listener without SASL
+    answers them with ILLEGAL_SASL_STATE and goes on serving the connection."""
+    r = Raw(broker)
+    assert r.call(ApiKey.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}).error_code == ErrorCode.ILLEGAL_SASL_STATE
+    resp = r.call(ApiKey.SASL_AUTHENTICATE, 2, {"auth_bytes": b"\0alice\0x"})
+    assert resp.error_code == ErrorCode.ILLEGAL_SASL_STATE and resp.error_message
+    assert r.metadata([]).brokers

@@ -256,3 +256,31 @@ def test_failed_and_stalled_tls_handshakes(mtls_broker, pki):
     assert log.count("TLS handshake with") >= 3, log
     assert "Traceback" not in log
     assert mtls_broker.alive()
+
+
+def test_alter_user_scram_credentials_errors_on_the_wire(mtls_broker, pki):
+    """Kafka's per-user codes; a user with any refused alteration keeps its credentials as
+    they were (all or nothing per user), other users in the request are applied."""
+    from fluvial.protocol.messages import request_class
+    A = request_class(51)
+
+    def up(name, mechanism=2, iterations=4096):
+        return A.ScramCredentialUpsertion(name=name, mechanism=mechanism, iterations=iterations, salt=b"s" * 16,
+                                          salted_password=b"p" * 64)
+    alice = _client_ctx(pki, "alice")
+    r = _tls_call(mtls_broker, alice, 51, 0, {"deletions": [A.ScramCredentialDeletion(name="gina", mechanism=9)],
+                                              "upsertions": [up("gina", 1), up(""), up("bad\x01name"),
+                                                             up("hank", 7), up("ivy"), up("ivy"),
+                                                             up("jack", 2, 100_000), up("kim", 1)]})
+    codes = {x.user: x.error_code for x in r.results}
+    assert codes == {"gina": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "": ErrorCode.UNACCEPTABLE_CREDENTIAL,
+                     "bad\x01name": ErrorCode.UNACCEPTABLE_CREDENTIAL, "hank": ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                     "ivy": ErrorCode.DUPLICATE_RESOURCE, "jack": ErrorCode.UNACCEPTABLE_CREDENTIAL, "kim": 0}
+    described = _tls_call(mtls_broker, alice, 50, 0, {"users": None})
+    names = {x.user for x in described.results}
+    assert "kim" in names and not names & {"gina", "hank", "ivy", "jack"}
+    D = request_class(50)
+    dup = _tls_call(mtls_broker, alice, 50, 0, {"users": [D.UserName(name="kim"), D.UserName(name="kim"),
+                                                         D.UserName(name="zed")]})
+    assert {x.user: x.error_code for x in dup.results} == {"kim": ErrorCode.DUPLICATE_RESOURCE,
+                                                           "zed": ErrorCode.RESOURCE_NOT_FOUND}
