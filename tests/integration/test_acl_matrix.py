@@ -156,8 +156,7 @@ def metadata(c: WireClient, topics: list[str] | None, create: bool = False):
 def test_every_served_api_is_in_the_matrix():
     """A new API added to the broker must get its row here (and its check in its handler)."""
     covered = {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 29, 30, 31, 32, 33, 35, 36,
-               37, 42, 44, 47, 60, 75,
-               50, 51}  # Describe/AlterUserScramCredentials: CLUSTER DESCRIBE/ALTER, see test_kafka_tls.py
+               37, 42, 44, 47, 50, 51, 60, 75}
     handlers.load_all()
     assert set(handlers.supported_versions()) <= covered
 
@@ -501,3 +500,23 @@ def test_acl_cli_over_sasl(secured, tmp_path):
     assert p.returncode == 0 and len(json.loads(p.stdout)["removed"]) == 1
     p = cli("list", "--username", "admin")
     assert p.returncode != 0 and "FLUVIAL_PASSWORD" in p.stderr
+
+
+def test_user_credentials(secured):
+    b = secured
+    AU = R[51]
+
+    def users(c) -> tuple[int, set[str]]:
+        r = c.request(50, 0, dict(users=None))
+        return r.error_code, {x.user for x in r.results}
+
+    upsert = dict(deletions=[], upsertions=[AU.ScramCredentialUpsertion(
+        name="carol", mechanism=2, iterations=8192, salt=b"s" * 16, salted_password=b"p" * 64)])
+    with wire(b, "alice") as alice, wire(b, "bob") as bob, wire(b, "admin") as admin:
+        assert users(bob)[0] == CLUSTER_DENIED
+        code, names = users(alice)
+        assert code == NONE and {"alice", "bob"} <= names
+        assert bob.request(51, 0, upsert).results[0].error_code == CLUSTER_DENIED
+        assert "carol" not in users(admin)[1]
+        assert alice.request(51, 0, upsert).results[0].error_code == NONE
+        assert "carol" in users(admin)[1]
