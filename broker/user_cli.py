@@ -84,7 +84,11 @@ def _mechanisms(args) -> list[str]:
 
 
 def _admin(args):
-    from confluent_kafka.admin import AdminClient
+    try:
+        from confluent_kafka.admin import AdminClient
+    except ImportError:
+        raise SystemExit("error: fluvial user needs confluent-kafka to reach a broker (pip install confluent-kafka); "
+                         "--data-dir works without it") from None
     return AdminClient(_client_config(args))
 
 
@@ -109,15 +113,18 @@ def user_add(args) -> int:
         raise SystemExit(f"error: no password for {args.name}: use --new-password-file or ${NEW_PASSWORD_ENV}")
     if args.data_dir:
         from fluvial.security.users import UserStore
-        UserStore.in_data_dir(args.data_dir).set_password(args.name, password, tuple(_mechanisms(args)),
-                                                          args.iterations)
+        try:
+            UserStore.in_data_dir(args.data_dir).set_password(args.name, password, tuple(_mechanisms(args)),
+                                                              args.iterations)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
         print(f"set {args.name}")
         return 0
+    admin = _admin(args)  # kept referenced until the answers are in
     from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
     upserts = [UserScramCredentialUpsertion(args.name, ScramCredentialInfo(
         ScramMechanism[m.replace("-", "_")], args.iterations), password.encode())
         for m in _mechanisms(args)]
-    admin = _admin(args)  # kept referenced until the answers are in
     return _result(admin.alter_user_scram_credentials(upserts, request_timeout=args.timeout), "set", args.timeout)
 
 
@@ -135,8 +142,8 @@ def user_delete(args) -> int:
             return 1
         print(f"deleted {args.name}")
         return 0
-    from confluent_kafka.admin import ScramMechanism, UserScramCredentialDeletion
     admin = _admin(args)
+    from confluent_kafka.admin import ScramMechanism, UserScramCredentialDeletion
     mechanisms = args.mechanism
     if not mechanisms:
         described = _describe(admin, [args.name], args.timeout)
