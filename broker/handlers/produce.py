@@ -63,6 +63,10 @@ def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
             raise InvalidRecordError("a produce request (v3+) must carry exactly one record batch per partition")
         header = parse_batch_header(batches[0])
         verify_crc(batches[0], header)
+        if header.is_control:
+            # Commit and abort markers are the transaction coordinator's alone: a client's
+            # would end (or forge the end of) a transaction in a read_committed reader's view.
+            raise InvalidRecordError("control batches are written by the broker only, not produced by clients")
         part.wire = bytearray(batches[0])
         part.header = header
     except UnknownTableError as exc:
