@@ -102,6 +102,9 @@ async def offset_fetch(ctx: RequestContext, request):
         # v1 has no "all topics" form; v2+ asks for all with a null topic list.
         topics = request.topics if ctx.version >= 2 else (request.topics or [])
         error, found = _fetch_group(ctx, request.group_id, topics)
+        if error and ctx.version < 2 and not found:
+            # v0-1 have no group-level error: each partition asked about carries it.
+            found = [(t.name, [(p, error) for p in t.partition_indexes]) for t in topics]
         Topic = OF.OffsetFetchResponseTopic
         return ctx.response(throttle_time_ms=0, error_code=error, topics=[
             Topic(name=name, partitions=[Topic.OffsetFetchResponsePartition(**_partition_fields(p, c))

@@ -375,6 +375,10 @@ def test_groups(secured):
         assert commit(alice, 2) == NONE
         assert commit(bob, 4) == GROUP_DENIED
         assert committed(bob) == (GROUP_DENIED, None)
+        # OffsetFetch v1 has no group-level error: the partitions carry it.
+        v1 = bob.request(ApiKey.OFFSET_FETCH, 1, dict(group_id=g, topics=[OF.OffsetFetchRequestTopic(
+            name="m.t1", partition_indexes=[0])]))
+        assert v1.topics[0].partitions[0].error_code == GROUP_DENIED
         assert committed(alice) == (NONE, 2)
 
         described = bob.request(ApiKey.DESCRIBE_GROUPS, 5, dict(groups=[g], include_authorized_operations=True))
