@@ -18,6 +18,7 @@ see a decision made under the ACLs before a change.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -26,6 +27,8 @@ from fluvial.security.acls import (WILDCARD, WILDCARD_PRINCIPAL, AclBinding, Acl
                                    AclPermissionType, PatternType, ResourceType)
 from fluvial.security.config import SecurityConfig
 from fluvial.security.principal import Principal
+
+log = logging.getLogger(__name__)
 
 _IMPLIES_DESCRIBE = frozenset({AclOperation.DESCRIBE, AclOperation.READ, AclOperation.WRITE, AclOperation.DELETE,
                                AclOperation.ALTER})
@@ -122,6 +125,10 @@ class Authorizer:
         if hit is not None:
             return hit
         result = self._decide(snap, str(principal), host, operation, resource_type, name)
+        if not result:
+            # Once per decision (later checks hit the cache), as Kafka's authorizer log does.
+            log.debug("denied: %s from %s may not %s %s %r", principal, host, getattr(operation, "name", operation),
+                      getattr(resource_type, "name", resource_type), name)
         if len(snap.cache) >= CACHE_LIMIT:
             snap.cache.clear()
         snap.cache[key] = result
