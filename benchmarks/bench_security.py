@@ -19,7 +19,7 @@ under each protocol, and each system's SASL_SSL/PLAINTEXT; the medians of those 
 with the worst pair.
 
 Run: `python benchmarks/bench_security.py [--rounds 3] [--records 100000] [--size 1000]
-[--latency-requests 300] [--warmup-rounds 1]`. Results: benchmarks/results/security.json, with os.getloadavg()
+[--latency-requests 300] [--warmup-rounds 1] [--max-load 3 --max-wait 300]`. Results: benchmarks/results/security.json, with os.getloadavg()
 at the start and end of every round. `--quick` is the smoke run the tests use (small sizes,
 one round, nothing saved unless --output is given).
 """
@@ -191,8 +191,21 @@ def _has(r: dict, system: str, protocol: str, metric: str) -> bool:
     return value is not None and value > 0
 
 
+def wait_for_load(max_load: float | None, max_wait_s: float) -> float:
+    """Wait (at most `max_wait_s`) until the 1-minute load average is below `max_load`;
+    returns the seconds waited. The machine is shared: a round started in a busy minute
+    measures the neighbours as much as the brokers."""
+    if max_load is None:
+        return 0.0
+    start = time.monotonic()
+    while os.getloadavg()[0] >= max_load and time.monotonic() - start < max_wait_s:
+        time.sleep(5)
+    return round(time.monotonic() - start, 1)
+
+
 def run(rounds: int, records: int, size: int, latency_requests: int, timeout_s: float,
-        output: Path | None, systems: tuple[str, ...] = SYSTEMS, warmup_rounds: int = 1) -> dict:
+        output: Path | None, systems: tuple[str, ...] = SYSTEMS, warmup_rounds: int = 1,
+        max_load: float | None = None, max_wait_s: float = 300.0) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="fluvial-bench-security-"))
     setup = Setup(workdir)
     result: dict = {
@@ -202,7 +215,7 @@ def run(rounds: int, records: int, size: int, latency_requests: int, timeout_s: 
                        "Kafka configured alike",
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "settings": {"rounds": rounds, "warmup_rounds": warmup_rounds, "records": records, "record_bytes": size, "partitions": PARTITIONS,
+        "settings": {"rounds": rounds, "warmup_rounds": warmup_rounds, "max_load": max_load, "records": records, "record_bytes": size, "partitions": PARTITIONS,
                      "latency_requests": latency_requests, "sasl_mechanism": SCRAM_SHA_512,
                      "producer": "confluent-kafka acks=all linger.ms=5 batch.size=1000000 no compression",
                      "fluvial_flush_policy": "none (acknowledged once written to the OS, as Kafka)"},
@@ -214,9 +227,11 @@ def run(rounds: int, records: int, size: int, latency_requests: int, timeout_s: 
         setup.start(systems)
         result["versions"] = setup.versions()
         for round_no in range(warmup_rounds + rounds):
+            waited = wait_for_load(max_load, max_wait_s)
             order = systems if round_no % 2 == 0 else tuple(reversed(systems))
             protocols = PROTOCOLS if round_no % 2 == 0 else tuple(reversed(PROTOCOLS))
             entry: dict = {"round": round_no, "warmup": round_no < warmup_rounds, "order": [f"{s}/{p}" for s in order for p in protocols],
+                           "waited_for_load_s": waited,
                            "load_average_1m": {"start": round(os.getloadavg()[0], 2)}, "figures": {}}
             for system in order:
                 for protocol in protocols:
@@ -272,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-requests", type=int, default=300)
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per produce or consume")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round, 2,000 records, 20 round trips")
+    parser.add_argument("--max-load", type=float, default=None,
+                        help="before each round wait (up to --max-wait s) for the 1-minute load average to drop below this")
+    parser.add_argument("--max-wait", type=float, default=300.0)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="kafka,fluvial (default: both)")
     parser.add_argument("--output", type=Path, default=None, help=f"default: {RESULTS} (none with --quick)")
     args = parser.parse_args(argv)
@@ -280,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or (None if args.quick else RESULTS)
     systems = tuple(s for s in SYSTEMS if s in args.systems.split(","))
     result = run(args.rounds, args.records, args.size, args.latency_requests, args.timeout, output, systems,
-                 args.warmup_rounds)
+                 args.warmup_rounds, args.max_load, args.max_wait)
     print(report(result))
     return 1 if result["failures"] else 0
 

@@ -133,6 +133,7 @@ def test_security_guide_runs_as_written(tmp_path, capsys):
     shell_out = "\n".join(outputs)
     assert "User:bob" in shell_out and "payments_daily" in shell_out and "2026-01-02" in shell_out
     assert "bob" in outputs[0] and "SCRAM-SHA-512" in outputs[0]       # fluvial user list
+    assert "payments_avro-value" in outputs[-1]                         # fluvial schema list
 
 
 def test_the_guides_warning_is_the_brokers(caplog):
