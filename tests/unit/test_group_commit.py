@@ -80,3 +80,52 @@ def test_a_failed_fsync_fails_every_waiter_and_later_appends(tmp_path, monkeypat
         asyncio.run(scenario())
     finally:
         executor.shutdown()
+
+
+def test_flushes_of_a_busy_bucket_start_spaced_apart_and_a_lone_one_at_once(tmp_path):
+    """Many small producers: appends trickling in while a flush runs are covered by flushes
+    that start at least FLUSH_SPACING_S apart (not one fsync per request); after a quiet
+    spell the next flush starts in the same loop pass. Every acknowledgement still waits
+    for the flush covering its records."""
+    from fluvial.broker import tables
+
+    executor = ThreadPoolExecutor(1)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        bucket = make_bucket(tmp_path, executor)
+        tablet = bucket.tablet
+        starts: list[tuple[float, int]] = []
+        original = tablet.flush_up_to
+
+        def recording_flush(offset):
+            starts.append((loop.time(), offset))
+            original(offset)
+
+        tablet.flush_up_to = recording_flush
+        # A lone append after a quiet spell: flushed at once (well under the spacing).
+        began = loop.time()
+        written = bucket.append(records(1), meta())
+        await bucket.group_commit.wait_durable(written.next_offset)
+        assert starts and starts[0][0] - began < tables.FLUSH_SPACING_S
+        # A steady trickle: one append every 0.5 ms for 0.2 s, each waited for.
+        waits = []
+        end = loop.time() + 0.2
+        while loop.time() < end:
+            written = bucket.append(records(1, tag=len(waits)), meta())
+            waits.append((written.next_offset, bucket.group_commit.wait_durable(written.next_offset)))
+            await asyncio.sleep(0.0005)
+        for offset, wait in waits:
+            await wait
+            assert tablet.flushed_offset >= offset  # acknowledged only once fsynced
+        return starts, len(waits)
+
+    try:
+        starts, appended = asyncio.run(scenario())
+    finally:
+        executor.shutdown()
+    gaps = sorted(b[0] - a[0] for a, b in zip(starts[1:], starts[2:]))
+    # Measured where the executor thread starts the flush (its pick-up time varies a little
+    # around the loop's spacing): back to back would be a fraction of a millisecond.
+    assert gaps and gaps[len(gaps) // 2] >= tables.FLUSH_SPACING_S * 0.9, gaps
+    assert len(starts) - 1 <= 0.2 / tables.FLUSH_SPACING_S + 3 < appended, (len(starts), appended)
