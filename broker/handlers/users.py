@@ -126,3 +126,19 @@ async def alter_user_scram_credentials(ctx: RequestContext, request):
         for user in users_in_order])
 
 
+
+
+DESCRIBE_CLIENT_QUOTAS = 48
+
+
+@handles(DESCRIBE_CLIENT_QUOTAS, 0, 1)
+async def describe_client_quotas(ctx: RequestContext, request):
+    """Fluvial enforces no client quotas, so none is ever described. Served because Kafka's
+    `kafka-configs.sh --describe --entity-type users` asks for a user's quotas together with
+    its SCRAM credentials and fails if the API is missing. Needs DESCRIBE_CONFIGS on the
+    cluster, as in Kafka."""
+    if not allowed_on_cluster(ctx, AclOperation.DESCRIBE_CONFIGS):
+        return ctx.response(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                            error_message="Cluster authorization failed: DESCRIBE_CONFIGS on the cluster is needed",
+                            entries=None)
+    return ctx.response(throttle_time_ms=0, error_code=0, error_message=None, entries=[])

@@ -333,3 +333,25 @@ def test_sasl_requests_on_a_plaintext_listener(broker):
     resp = r.call(ApiKey.SASL_AUTHENTICATE, 2, {"auth_bytes": b"\0alice\0x"})
     assert resp.error_code == ErrorCode.ILLEGAL_SASL_STATE and resp.error_message
     assert r.metadata([]).brokers
+
+
+def test_kafka_configs_tool_manages_users(sasl_broker, java_tools, tmp_path):
+    """Apache Kafka's own kafka-configs.sh adds a SCRAM user and describes users (which also
+    asks for client quotas: none)."""
+    import subprocess
+    cfg = tmp_path / "admin.properties"
+    cfg.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n"
+                   "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+                   'username="alice" password="alice-secret";\n')
+
+    def configs(*args):
+        cmd = java_tools.java_tool("kafka.admin.ConfigCommand", "--bootstrap-server", sasl_broker.bootstrap,
+                                   "--command-config", str(cfg), *args)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    r = configs("--alter", "--add-config", "SCRAM-SHA-256=[iterations=8192,password=frank-secret]",
+                "--entity-type", "users", "--entity-name", "frank")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = configs("--describe", "--entity-type", "users")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "user-principal 'frank' are SCRAM-SHA-256=iterations=8192" in r.stdout
+    assert Raw(sasl_broker).scram("frank", "frank-secret").error_code == 0

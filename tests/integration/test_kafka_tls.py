@@ -203,6 +203,11 @@ def test_mtls_principal_is_the_certificate_subject(mtls_broker, pki):
     assert alice.error_code == 0
     bob = _tls_call(mtls_broker, _client_ctx(pki, "bob"), 50, 0, {"users": None})
     assert bob.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    # DescribeClientQuotas (asked by kafka-configs.sh) needs DESCRIBE_CONFIGS on the cluster.
+    quotas = {"components": [], "strict": False}
+    assert _tls_call(mtls_broker, _client_ctx(pki, "bob"), 48, 1, quotas).error_code == \
+        ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    assert _tls_call(mtls_broker, _client_ctx(pki, "alice"), 48, 1, quotas).entries == []
     # AlterUserScramCredentials needs ALTER on the cluster: bob's is refused and changes nothing.
     from fluvial.protocol.messages import request_class
     A = request_class(51)
