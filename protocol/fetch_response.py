@@ -34,6 +34,8 @@ class FetchedPartition:
     last_stable_offset: int = -1
     log_start_offset: int = -1
     records: list[bytes] = field(default_factory=list)
+    # read_committed: (producer id, first offset) of aborted transactions in the range.
+    aborted: list[tuple[int, int]] | None = None
 
 
 @dataclass(slots=True)
@@ -98,11 +100,22 @@ def encode_fetch_response(header: RequestHeader, *, throttle_time_ms: int, error
             buf += _I64.pack(p.last_stable_offset)
             if version >= 5:
                 buf += _I64.pack(p.log_start_offset)
-            # Aborted transactions: null.
-            if flexible:
-                buf.append(0)
+            aborted = p.aborted
+            if aborted is None:
+                if flexible:
+                    buf.append(0)
+                else:
+                    buf += _I32.pack(-1)
             else:
-                buf += _I32.pack(-1)
+                if flexible:
+                    _uvarint(buf, len(aborted) + 1)
+                else:
+                    buf += _I32.pack(len(aborted))
+                for producer_id, first_offset in aborted:
+                    buf += _I64.pack(producer_id)
+                    buf += _I64.pack(first_offset)
+                    if flexible:
+                        buf.append(0)
             if version >= 11:
                 buf += _I32.pack(-1)  # preferred read replica
             length = sum(map(len, p.records))

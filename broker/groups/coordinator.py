@@ -728,6 +728,23 @@ class GroupCoordinator:
             self._offsets.setdefault(group_id, {}).update(accepted)
         return results
 
+    def validate_txn_committer(self, group_id: str, generation_id: int, member_id: str,
+                               group_instance_id: str | None) -> ErrorCode:
+        """TxnOffsetCommit's check of the committer (the offsets are held by the transaction)."""
+        return self._validate_committer(group_id, generation_id, member_id, group_instance_id)
+
+    async def apply_transactional_offsets(self, group_id: str,
+                                          entries: list[tuple[str, int, int, int, str]]) -> None:
+        """Store the offsets of a committed transaction (checked when they were sent)."""
+        now = self._now_ms()
+        accepted = {(t, p): CommittedOffset(o, e, m or "", now, None) for t, p, o, e, m in entries}
+        if not accepted:
+            return
+        if group_id not in self._groups:
+            self._groups[group_id] = Group(group_id, state_timestamp_ms=now)
+        await self._storage.write([GroupStorage.offset_upsert(group_id, t, p, c) for (t, p), c in accepted.items()])
+        self._offsets.setdefault(group_id, {}).update(accepted)
+
     def _validate_committer(self, group_id: str, generation_id: int, member_id: str,
                             group_instance_id: str | None) -> ErrorCode:
         if not group_id:

@@ -7,6 +7,7 @@ No fetch sessions: session id 0 tells clients to send full requests every time.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 import weakref
 
@@ -110,6 +111,22 @@ def _slice_to_fit(stored, offset: int, room: int, compression: str, leader_epoch
         take = max(1, take * room // len(wire) - 1)
 
 
+def _committed_view(state, result: FetchedPartition, batches: list, fetch_offset: int) -> tuple[list, int]:
+    """A read_committed answer: batches below the last stable offset only, with the aborted
+    transactions that have records among them (the client drops those records)."""
+    lso = state.last_stable_offset(result.high_watermark)
+    result.last_stable_offset = lso
+    kept = [b for b in batches if _BASE.unpack_from(b, 0)[0] < lso]
+    result.records = kept
+    if kept:
+        upper = next_offset(kept[-1])
+        result.aborted = [(a.producer_id, a.first_offset) for a in state.aborted_between(fetch_offset, upper)]
+    return kept, sum(map(len, kept))
+
+
+_BASE = struct.Struct(">q")
+
+
 def _partition_result(index: int, code: int, bucket=None, records: list[bytes] | None = None) -> FetchedPartition:
     hw = bucket.tablet.high_watermark if bucket is not None else -1
     start = bucket.log_start_offset if bucket is not None else -1
@@ -203,6 +220,9 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
     results = []
     total = 0
     budget = request.max_bytes if request.max_bytes > 0 else 1 << 30
+    read_committed = request.isolation_level == 1
+    index = ctx.broker.extensions.get("txn_index")
+    read_committed = read_committed and index is not None
     for key, p, target in wanted:
         if isinstance(target, int):
             results.append((key, _partition_result(p.partition, target)))
@@ -252,5 +272,13 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
             results.append((key, _partition_result(p.partition, exc.code, bucket)))
             continue
         total += size
-        results.append((key, _partition_result(p.partition, 0, bucket, batches)))
+        result = _partition_result(p.partition, 0, bucket, batches)
+        if read_committed:
+            state = index.get(bucket) if index.known(bucket) else await loop.run_in_executor(
+                ctx.broker.io_executor, index.get, bucket)
+            if state is not None:
+                total -= size
+                batches, size = _committed_view(state, result, batches, p.fetch_offset)
+                total += size
+        results.append((key, result))
     return results, total

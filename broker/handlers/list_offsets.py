@@ -57,6 +57,7 @@ def lookup(bucket, timestamp: int, remote_log=None) -> tuple[int, int]:
 @handles(ApiKey.LIST_OFFSETS, 1, 9)
 async def list_offsets(ctx: RequestContext, request):
     topics = []
+    index = ctx.broker.extensions.get("txn_index")
     for t in request.topics:
         parts = []
         for p in t.partitions:
@@ -69,6 +70,12 @@ async def list_offsets(ctx: RequestContext, request):
                         remote_log.read_executor, lookup, bucket, p.timestamp, remote_log)
                 else:
                     ts, offset = lookup(bucket, p.timestamp)
+                if p.timestamp == LATEST and request.isolation_level == 1 and index is not None:
+                    # read_committed: the last stable offset.
+                    state = index.get(bucket) if index.known(bucket) else await asyncio.get_running_loop(
+                        ).run_in_executor(ctx.broker.io_executor, index.get, bucket)
+                    if state is not None:
+                        offset = state.last_stable_offset(offset)
                 parts.append(PartitionResponse(partition_index=p.partition_index, error_code=0, timestamp=ts,
                                                offset=offset, leader_epoch=bucket.leader_epoch))
             except FluvialError as exc:

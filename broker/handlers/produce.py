@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fluvial.broker import kafka_batches, pk_tables
 from fluvial.broker.authorization import allowed
 from fluvial.broker.handlers import Deferred, RequestContext, handles
+from fluvial.broker.log.batch_meta import ATTR_TRANSACTIONAL
 from fluvial.errors import FluvialError, InvalidRecordError, MessageTooLargeError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.fetch_response import EncodedResponse
@@ -90,6 +91,23 @@ def _convert(part: _Part, log_append_time: int | None) -> None:
         part.converted = exc
 
 
+async def _admit_transactional(ctx: RequestContext, transactional_id: str | None, part: _Part, meta, pk: bool) -> None:
+    """A transactional batch goes in only as part of its producer's ongoing transaction,
+    with that partition added to it (Kafka 4.x's partition verification)."""
+    code = ctx.broker.extensions["transactions"].verify_produce(
+        transactional_id, meta.producer_id, meta.producer_epoch, part.topic, part.index)
+    if code is not None:
+        raise FluvialError(f"transactional batch of producer {meta.producer_id} epoch {meta.producer_epoch} "
+                           f"is not part of an ongoing transaction with {part.topic}-{part.index}", code=code)
+    if pk:
+        # A primary-key table applies writes to its KV state at once: it cannot hold them back.
+        raise FluvialError(f"{part.topic} is a primary-key table: transactional writes are not supported there",
+                           code=ErrorCode.INVALID_REQUEST)
+    index = ctx.broker.extensions["txn_index"]
+    if not index.ready(part.bucket):
+        await asyncio.get_running_loop().run_in_executor(ctx.broker.io_executor, index.prepare, part.bucket)
+
+
 @handles(ApiKey.PRODUCE, 0, 11)
 async def produce(ctx: RequestContext, request):
     broker = ctx.broker
@@ -150,6 +168,11 @@ async def produce(ctx: RequestContext, request):
             # An offline bucket answers every batch with KAFKA_STORAGE_ERROR, retries included:
             # the duplicate answer would acknowledge data whose fsync failed.
             bucket.tablet.check_online()
+            transactional = meta.attributes & ATTR_TRANSACTIONAL
+            if transactional:
+                # Before the idempotence check: no await may come between it and the append.
+                await _admit_transactional(ctx, request.transactional_id, p, meta,
+                                           pk_tables.is_primary_key(bucket.table))
             if producer_state is not None and meta.producer_id >= 0:
                 if not producer_state.loaded(bucket):
                     await producer_state.ensure_loaded(bucket)  # just after a restart
@@ -176,6 +199,8 @@ async def produce(ctx: RequestContext, request):
                 written = bucket.append(records, meta)
                 if idempotent:
                     producer_state.record(bucket, written)
+                if transactional:
+                    broker.extensions["txn_index"].on_append(bucket, meta.producer_id, written.base_offset)
         except FluvialError as exc:
             p.response = _error(p.index, exc)
             continue

@@ -73,6 +73,19 @@ async def init_producer_id(ctx: RequestContext, request):
     pid = request.producer_id if ctx.version >= 3 else -1
     epoch = request.producer_epoch if ctx.version >= 3 else -1
     loop = asyncio.get_running_loop()
+    if request.transactional_id:
+        # The transaction coordinator: epoch bump, fencing, abort of the previous
+        # instance's open transaction.
+        try:
+            result = await ctx.broker.extensions["transactions"].init_producer_id(
+                request.transactional_id, request.transaction_timeout_ms, pid, epoch, ids.next_producer_id)
+        except FluvialError as exc:
+            code = exc.code
+            if code == ErrorCode.PRODUCER_FENCED and ctx.version < 4:
+                code = ErrorCode.INVALID_PRODUCER_EPOCH
+            return ctx.response(throttle_time_ms=0, error_code=code, producer_id=-1, producer_epoch=-1)
+        return ctx.response(throttle_time_ms=0, error_code=ErrorCode.NONE, producer_id=result[0],
+                            producer_epoch=result[1])
     try:
         # The metadata store fsyncs: keep that off the event loop.
         result = await loop.run_in_executor(
