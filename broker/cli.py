@@ -60,6 +60,10 @@ def add_broker_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--group-initial-rebalance-delay-ms", type=int, default=d.group_initial_rebalance_delay_ms)
     p.add_argument("--group-min-session-timeout-ms", type=int, default=d.group_min_session_timeout_ms)
     p.add_argument("--group-max-session-timeout-ms", type=int, default=d.group_max_session_timeout_ms)
+    p.add_argument("--group-consumer-session-timeout-ms", type=int, default=d.group_consumer_session_timeout_ms)
+    p.add_argument("--group-consumer-heartbeat-interval-ms", type=int, default=d.group_consumer_heartbeat_interval_ms)
+    p.add_argument("--group-consumer-assignors", default=d.group_consumer_assignors,
+                   help="server-side assignors of consumer groups, the first is the default (uniform,range)")
     p.add_argument("--offsets-retention-minutes", type=int, default=d.offsets_retention_minutes)
     p.add_argument("--lake-catalog-option", action="append", default=[], metavar="K=V",
                    help="pyiceberg catalog property of the lake (repeatable), e.g. type=rest, uri=...; "
@@ -105,6 +109,9 @@ def config_from_args(args, parser: argparse.ArgumentParser | None = None) -> Bro
                         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
                         group_min_session_timeout_ms=args.group_min_session_timeout_ms,
                         group_max_session_timeout_ms=args.group_max_session_timeout_ms,
+                        group_consumer_session_timeout_ms=args.group_consumer_session_timeout_ms,
+                        group_consumer_heartbeat_interval_ms=args.group_consumer_heartbeat_interval_ms,
+                        group_consumer_assignors=args.group_consumer_assignors,
                         offsets_retention_minutes=args.offsets_retention_minutes,
                         lake_catalog_options=key_values(args.lake_catalog_option, "--lake-catalog-option"),
                         lake_tiering=args.lake_tiering, lake_lease_ms=args.lake_lease_ms,

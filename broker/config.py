@@ -47,6 +47,10 @@ class BrokerConfig:
     group_initial_rebalance_delay_ms: int = 3000
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1_800_000
+    # KIP-848 consumer groups (group.consumer.session.timeout.ms, .heartbeat.interval.ms, .assignors).
+    group_consumer_session_timeout_ms: int = 45_000
+    group_consumer_heartbeat_interval_ms: int = 5_000
+    group_consumer_assignors: str = "uniform,range"
     offsets_retention_minutes: int = 7 * 24 * 60
     # Lake tiering: pyiceberg catalog properties (empty: the embedded SQLite catalog under
     # the data dir), whether the broker tiers lake tables itself, and a job's lease.

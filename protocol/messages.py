@@ -61,7 +61,26 @@ class ApiKey(IntEnum):
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
+    CONSUMER_GROUP_HEARTBEAT = 68
+    CONSUMER_GROUP_DESCRIBE = 69
     DESCRIBE_TOPIC_PARTITIONS = 75
+
+
+def _define_own_messages() -> None:
+    """Classes for APIs kafka-python does not ship, built from the schemas in protocol/specs
+    by the same machinery (a class named like its schema file loads it)."""
+    from fluvial.protocol import specs
+
+    for name in _OWN_MESSAGES:
+        if name not in _OWN_CLASSES:
+            _OWN_CLASSES[name] = type(name, (ApiMessage,), {"__module__": __name__}, load_json=specs)
+
+
+_OWN_MESSAGES = (
+    "ConsumerGroupHeartbeatRequest", "ConsumerGroupHeartbeatResponse",
+    "ConsumerGroupDescribeRequest", "ConsumerGroupDescribeResponse",
+)
+_OWN_CLASSES: dict[str, type[ApiMessage]] = {}
 
 
 def _load_message_classes() -> tuple[dict[int, type[ApiMessage]], dict[int, type[ApiMessage]]]:
@@ -70,6 +89,7 @@ def _load_message_classes() -> tuple[dict[int, type[ApiMessage]], dict[int, type
         for info in pkgutil.iter_modules(pkg.__path__):
             importlib.import_module(f"kafka.protocol.{family}.{info.name}")
     importlib.import_module("kafka.protocol.sasl")  # SaslHandshake, SaslAuthenticate
+    _define_own_messages()
 
     def walk(cls):
         for sub in cls.__subclasses__():

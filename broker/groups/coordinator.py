@@ -140,6 +140,9 @@ class GroupCoordinator:
         self._tasks: set[asyncio.Task] = set()
         self._expiry_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The KIP-848 consumer groups (ConsumerGroupCoordinator), set when they are served: a
+        # group id belongs to one side only, and commits to its groups follow its rules.
+        self.modern_groups = None
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -225,6 +228,12 @@ class GroupCoordinator:
         # Requests before v1 carry no rebalance timeout: Kafka uses the session timeout.
         if rebalance_timeout_ms < 0:
             rebalance_timeout_ms = session_timeout_ms
+        if self.modern_groups is not None and self.modern_groups.owns(group_id):
+            # Kafka 4.x with group.consumer.migration.policy=disabled: a consumer group with
+            # members takes no classic members; an empty one becomes a classic group.
+            if self.modern_groups.is_active(group_id):
+                return JoinGroupResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
+            self.modern_groups.release_empty(group_id)
         group = self._groups.get(group_id)
         if not member_id:
             if group is None:
@@ -704,8 +713,8 @@ class GroupCoordinator:
         group_error = self._validate_committer(group_id, generation_id, member_id, group_instance_id)
         if group_error != ErrorCode.NONE:
             return {(e.topic, e.partition): group_error for e in offsets}
-        group = self._groups[group_id]
-        member = group.members.get(member_id)
+        group = self._groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
         if member is not None and generation_id >= 0:
             self._schedule_heartbeat(group, member, member.session_timeout_ms)
         now = self._now_ms()
@@ -749,6 +758,8 @@ class GroupCoordinator:
                             group_instance_id: str | None) -> ErrorCode:
         if not group_id:
             return ErrorCode.INVALID_GROUP_ID
+        if self.modern_groups is not None and self.modern_groups.owns(group_id):
+            return self.modern_groups.validate_commit(group_id, member_id, generation_id)
         group = self._groups.get(group_id)
         if group is None:
             if generation_id < 0:
@@ -876,6 +887,25 @@ class GroupCoordinator:
     def committed_by_group(self) -> dict[str, dict[TopicPartition, CommittedOffset]]:
         """A copy of every group's committed offsets (metrics and the console; any thread)."""
         return {group_id: dict(offsets) for group_id, offsets in list(self._offsets.items())}
+
+    def release_empty(self, group_id: str) -> bool:
+        """Give up a classic group that has no members (its committed offsets stay), so that
+        the id can become a KIP-848 consumer group; False if the classic group has members."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return True
+        if group.members or group.pending_members:
+            return False
+        self._cancel_group_timers(group)
+        del self._groups[group_id]
+        if group.generation_id or group.protocol_type:
+            self._spawn(self._storage.write([GroupStorage.group_delete(group_id)]))
+        return True
+
+    async def forget_offsets(self, group_id: str) -> None:
+        """Drop every committed offset of a group (a deleted consumer group)."""
+        self._offsets.pop(group_id, None)
+        await self._storage.write([GroupStorage.group_offsets_delete(group_id)])
 
     def _drop_group(self, group: Group) -> None:
         self._cancel_group_timers(group)

@@ -35,6 +35,10 @@ CREATE TABLE IF NOT EXISTS group_metadata (
     state_timestamp_ms INTEGER NOT NULL,
     members TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS consumer_groups (
+    group_id TEXT PRIMARY KEY,
+    state TEXT NOT NULL
+);
 """
 
 _UPSERT_OFFSET = (
@@ -55,6 +59,11 @@ _UPSERT_GROUP = (
     " members = excluded.members"
 )
 _DELETE_GROUP = "DELETE FROM group_metadata WHERE group_id = ?"
+_UPSERT_CONSUMER_GROUP = (
+    "INSERT INTO consumer_groups (group_id, state) VALUES (?, ?)"
+    " ON CONFLICT (group_id) DO UPDATE SET state = excluded.state"
+)
+_DELETE_CONSUMER_GROUP = "DELETE FROM consumer_groups WHERE group_id = ?"
 
 Statement = tuple[str, tuple]
 
@@ -165,6 +174,10 @@ class GroupStorage:
             for row in self._store.query("SELECT * FROM group_metadata")
         ]
 
+    def load_consumer_groups(self) -> dict[str, str]:
+        """KIP-848 groups: group id -> the group's state as JSON (see consumer_group.py)."""
+        return {row["group_id"]: row["state"] for row in self._store.query("SELECT * FROM consumer_groups")}
+
     # -- statements --------------------------------------------------------------------
 
     @staticmethod
@@ -189,6 +202,14 @@ class GroupStorage:
     @staticmethod
     def group_delete(group_id: str) -> Statement:
         return (_DELETE_GROUP, (group_id,))
+
+    @staticmethod
+    def consumer_group_upsert(group_id: str, state: str) -> Statement:
+        return (_UPSERT_CONSUMER_GROUP, (group_id, state))
+
+    @staticmethod
+    def consumer_group_delete(group_id: str) -> Statement:
+        return (_DELETE_CONSUMER_GROUP, (group_id,))
 
     # -- durable writes ----------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fluvial.broker.authorization import allowed, allowed_on_cluster, group_operations
 from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.groups import GroupConfig, GroupCoordinator, GroupStorage
+from fluvial.broker.groups.consumer_coordinator import ConsumerGroupCoordinator, ConsumerGroupSettings
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
@@ -37,6 +38,10 @@ def coordinator(ctx: RequestContext) -> GroupCoordinator:
     return ctx.broker.extensions["groups"]
 
 
+def consumer_groups(ctx: RequestContext) -> ConsumerGroupCoordinator:
+    return ctx.broker.extensions["consumer_groups"]
+
+
 @on_start
 async def start_group_coordinator(broker) -> None:
     tables = broker.tables
@@ -45,14 +50,27 @@ async def start_group_coordinator(broker) -> None:
         table = tables.tables.get(topic)
         return table is not None and 0 <= partition < len(table.buckets)
 
-    coord = GroupCoordinator(GroupStorage(broker.store), group_config(broker),
-                             partition_exists=partition_exists)
+    def topic_catalog() -> dict:
+        return {name: (table.topic_id, len(table.buckets)) for name, table in list(tables.tables.items())}
+
+    storage = GroupStorage(broker.store)
+    coord = GroupCoordinator(storage, group_config(broker), partition_exists=partition_exists)
     await coord.start()
+    cfg = broker.config
+    modern = ConsumerGroupCoordinator(coord, storage, topic_catalog, ConsumerGroupSettings(
+        session_timeout_ms=cfg.group_consumer_session_timeout_ms,
+        heartbeat_interval_ms=cfg.group_consumer_heartbeat_interval_ms,
+        assignors=tuple(a.strip() for a in cfg.group_consumer_assignors.split(",") if a.strip())))
+    await modern.start()
     broker.extensions["groups"] = coord
+    broker.extensions["consumer_groups"] = modern
 
 
 @on_stop
 async def stop_group_coordinator(broker) -> None:
+    modern = broker.extensions.pop("consumer_groups", None)
+    if modern is not None:
+        await modern.close()
     coord = broker.extensions.pop("groups", None)
     if coord is not None:
         await coord.close()
@@ -204,6 +222,14 @@ async def describe_groups(ctx: RequestContext, request):
             continue
         d = described[group_id]
         error, message = d.error, None
+        if consumer_groups(ctx).owns(group_id):
+            # As Kafka 4.x: DescribeGroups describes classic groups only.
+            groups.append(DG.DescribedGroup(
+                error_code=ErrorCode.GROUP_ID_NOT_FOUND if ctx.version >= 6 else ErrorCode.NONE,
+                error_message=f"Group {group_id} is not a classic group." if ctx.version >= 6 else None,
+                group_id=group_id, group_state="Dead", protocol_type="", protocol_data="", members=[],
+                authorized_operations=group_operations(asked_ops, ctx, group_id)))
+            continue
         if not d.found and error == ErrorCode.NONE and ctx.version >= 6:
             # Since v6 a missing group is an error rather than a "Dead" description.
             error, message = ErrorCode.GROUP_ID_NOT_FOUND, f"Group {d.group_id} not found."
@@ -222,21 +248,29 @@ async def describe_groups(ctx: RequestContext, request):
 async def list_groups(ctx: RequestContext, request):
     states = list(request.states_filter) if ctx.version >= 4 and request.states_filter else None
     types = list(request.types_filter) if ctx.version >= 5 and request.types_filter else None
-    listings = coordinator(ctx).list_groups(states, types)
+    modern = consumer_groups(ctx)
+    listed = [(g.group_id, g.protocol_type, g.state, "classic") for g in coordinator(ctx).list_groups(states, types)
+              if not modern.owns(g.group_id)]
+    wanted_states = {s.lower() for s in states} if states else None
+    if types is None or "consumer" in {t.lower() for t in types}:
+        listed += [(group_id, "consumer", state, "consumer") for group_id, state in modern.listings()
+                   if wanted_states is None or state.lower() in wanted_states]
     if ctx.broker.authorizer.enabled and not allowed_on_cluster(ctx, AclOperation.DESCRIBE):
         # Without DESCRIBE on the cluster, only the groups the principal may describe.
-        listings = [g for g in listings if _group_allowed(ctx, AclOperation.DESCRIBE, g.group_id)]
+        listed = [g for g in listed if _group_allowed(ctx, AclOperation.DESCRIBE, g[0])]
     return ctx.response(throttle_time_ms=0, error_code=ErrorCode.NONE, groups=[
-        LS.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type, group_state=g.state,
-                       group_type="classic")
-        for g in listings])
+        LS.ListedGroup(group_id=group_id, protocol_type=protocol_type, group_state=state, group_type=group_type)
+        for group_id, protocol_type, state, group_type in listed])
 
 
 @handles(ApiKey.DELETE_GROUPS, 0, 2)
 async def delete_groups(ctx: RequestContext, request):
     names = list(request.groups_names)
     refused = {n for n in names if not _group_allowed(ctx, AclOperation.DELETE, n)}
-    errors = await coordinator(ctx).delete_groups([n for n in names if n not in refused])
+    modern = consumer_groups(ctx)
+    errors = {n: await modern.delete_empty(n) for n in names if n not in refused and modern.owns(n)}
+    errors.update(await coordinator(ctx).delete_groups(
+        [n for n in names if n not in refused and n not in errors]))
     errors.update({n: _GROUP_DENIED for n in refused})
     return ctx.response(throttle_time_ms=0, results=[
         DEL.DeletableGroupResult(group_id=name, error_code=errors[name]) for name in names])

@@ -113,8 +113,14 @@ async def offset_fetch(ctx: RequestContext, request):
     Group = OF.OffsetFetchResponseGroup
     Topic = Group.OffsetFetchResponseTopics
     groups = []
+    modern = ctx.broker.extensions["consumer_groups"]
     for g in request.groups:
         error, found = _fetch_group(ctx, g.group_id, g.topics)
+        if error == ErrorCode.NONE and ctx.version >= 9:
+            # A consumer group's member fetches with its member id and epoch (KIP-848).
+            stale = modern.validate_fetch(g.group_id, g.member_id, g.member_epoch)
+            if stale != ErrorCode.NONE:
+                error, found = stale, []
         groups.append(Group(group_id=g.group_id, error_code=error, topics=[
             Topic(name=name, partitions=[Topic.OffsetFetchResponsePartitions(**_partition_fields(p, c))
                                          for p, c in parts])
