@@ -277,6 +277,7 @@ class ConsumerGroupCoordinator:
 
     def _join_or_heartbeat(self, group: ConsumerGroup, req: HeartbeatRequest) -> HeartbeatResult:
         fenced = ErrorCode.FENCED_MEMBER_EPOCH
+        epoch_before = group.group_epoch
         member = group.members.get(req.member_id) if req.member_id else None
         if req.member_epoch == 0:
             if req.instance_id is not None:
@@ -328,8 +329,11 @@ class ConsumerGroupCoordinator:
                                                f"({req.member_epoch}) than the one known by the group "
                                                f"coordinator ({member.member_epoch}).")
         was_assigned = {t: set(p) for t, p in member.assigned.items()}
-        self._update_member(group, member, req)
-        self._maybe_refresh_metadata(group)
+        changed = self._update_member(member, req)
+        changed = self._maybe_refresh_metadata(group) or changed
+        # One bump covers a membership or subscription change and the metadata it brings.
+        if changed and group.group_epoch == epoch_before:
+            group.group_epoch += 1
         if group.group_epoch > group.assignment_epoch:
             self._compute_target(group)
         group.reconcile(member, req.owned)
@@ -345,7 +349,8 @@ class ConsumerGroupCoordinator:
             ErrorCode.NONE, None, member.member_id, member.member_epoch, self.settings.heartbeat_interval_ms,
             member.assigned if full or was_assigned != member.assigned else None)
 
-    def _update_member(self, group: ConsumerGroup, member: ConsumerMember, req: HeartbeatRequest) -> None:
+    def _update_member(self, member: ConsumerMember, req: HeartbeatRequest) -> bool:
+        """Take the member's fields from the request; True if its subscription changed."""
         changed = False
         if req.instance_id is not None:
             member.instance_id = req.instance_id
@@ -365,8 +370,7 @@ class ConsumerGroupCoordinator:
         if req.server_assignor is not None and req.server_assignor != member.server_assignor:
             member.server_assignor = req.server_assignor
             changed = True
-        if changed:
-            group.group_epoch += 1
+        return changed
 
     # -- assignment ------------------------------------------------------------------------
 
@@ -379,17 +383,18 @@ class ConsumerGroupCoordinator:
                           if not name.startswith("__") and pattern.fullmatch(name))
         return topics
 
-    def _maybe_refresh_metadata(self, group: ConsumerGroup) -> None:
-        """A new topic, a deleted one, or more partitions of a subscribed topic bump the epoch."""
+    def _maybe_refresh_metadata(self, group: ConsumerGroup) -> bool:
+        """True when a subscribed topic appeared, went, or got more partitions (a new epoch)."""
         catalog = self._topics()
         counts = {tid: n for tid, n in catalog.values()}
         wanted: set[uuid.UUID] = set()
         for member in group.members.values():
             wanted |= self._subscribed_topics(member, catalog)
         metadata = {tid: counts[tid] for tid in wanted}
-        if metadata != group.subscription_metadata:
-            group.subscription_metadata = metadata
-            group.group_epoch += 1
+        if metadata == group.subscription_metadata:
+            return False
+        group.subscription_metadata = metadata
+        return True
 
     def _compute_target(self, group: ConsumerGroup) -> None:
         catalog = self._topics()

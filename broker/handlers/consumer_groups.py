@@ -67,6 +67,16 @@ async def consumer_group_heartbeat(ctx: RequestContext, request):
                         heartbeat_interval_ms=result.heartbeat_interval_ms, assignment=assignment)
 
 
+OPERATIONS_OMITTED = -2**31
+
+
+def _bitfield(operations: set[int] | None) -> int:
+    """Kafka's authorized-operations field: one bit per operation code, or INT32 min if not asked."""
+    if operations is None:
+        return OPERATIONS_OMITTED
+    return sum(1 << op for op in operations)
+
+
 @handles(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, 1)
 async def consumer_group_describe(ctx: RequestContext, request):
     Group = CGD.DescribedGroup
@@ -113,5 +123,5 @@ async def consumer_group_describe(ctx: RequestContext, request):
                             assignment=assignment(m.assignment), target_assignment=assignment(m.target),
                             member_type=1)  # 1: the consumer protocol (0 would be classic)
                      for m in view.members],
-            authorized_operations=group_operations(request.include_authorized_operations, ctx, group_id)))
+            authorized_operations=_bitfield(group_operations(request.include_authorized_operations, ctx, group_id))))
     return ctx.response(throttle_time_ms=0, groups=groups)
