@@ -118,6 +118,15 @@ class BrokerCollector:
                                    "Connections closed for being idle longer than connections.max.idle.ms.")
         idle.add_metric([], self.broker.kafka.idle_closed)
         yield from (connections, idle)
+        auth = CounterMetricFamily("fluvial_kafka_sasl_authentications",
+                                   "SASL authentications on the Kafka listener by mechanism and outcome "
+                                   "(authenticated, reauthenticated, failed).", labels=["mechanism", "outcome"])
+        for (mechanism, outcome), n in sorted(self.broker.kafka.auth_counts.items()):
+            auth.add_metric([mechanism, outcome], n)
+        tls_failed = CounterMetricFamily("fluvial_kafka_tls_handshake_failures",
+                                         "TLS handshakes on the Kafka listener that failed or timed out.")
+        tls_failed.add_metric([], self.broker.kafka.tls_handshake_failures)
+        yield from (auth, tls_failed)
         fsync = _histogram("fluvial_log_fsync_duration_seconds",
                            "Duration of one log tablet flush (fsync of its segments and directories).", [])
         _add_histogram(fsync, [], FSYNC_LATENCY)

@@ -16,6 +16,7 @@ import functools
 import logging
 import struct
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable
 
@@ -84,6 +85,10 @@ class KafkaServer:
         self.request_stats = RequestStats()
         # TLS on the listener (security.protocol SSL or SASL_SSL); built in start().
         self.tls = None
+        # SASL outcomes by (mechanism, "authenticated" | "reauthenticated" | "failed"), and
+        # TLS handshakes that failed or timed out (the /metrics page shows both).
+        self.auth_counts: Counter = Counter()
+        self.tls_handshake_failures = 0
 
     @property
     def connection_count(self) -> int:

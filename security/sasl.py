@@ -232,6 +232,7 @@ class SaslSession:
                                                f"{conn.principal}",
                                                "Cannot change principals during re-authentication")
         except AuthenticationFailed as exc:
+            self.broker.kafka.auth_counts[self.mechanism, "failed"] += 1
             log.info("SASL authentication from %s failed: %s", conn.peer, exc)
             raise CloseConnection(f"SASL authentication failed ({exc})",
                                   answer(ErrorCode.SASL_AUTHENTICATION_FAILED, exc.message, exc.token)) from None
@@ -241,6 +242,8 @@ class SaslSession:
         return answer(ErrorCode.NONE, None, token, lifetime)
 
     def _start_session(self, conn: "Connection", principal: Principal) -> int:
+        outcome = "reauthenticated" if self.reauthenticating else "authenticated"
+        self.broker.kafka.auth_counts[self.mechanism, outcome] += 1
         log.debug("%s %s as %s with %s", conn.peer, "re-authenticated" if self.reauthenticating else "authenticated",
                   principal, self.mechanism)
         conn.principal = principal
@@ -260,6 +263,7 @@ class SaslSession:
             out, done = await self.exchange.step(token)
             principal = Principal.user(self.exchange.user) if done else None
         except AuthenticationFailed as exc:
+            self.broker.kafka.auth_counts[self.mechanism, "failed"] += 1
             log.info("SASL authentication from %s failed: %s", conn.peer, exc)
             raise CloseConnection(f"SASL authentication failed ({exc})") from None
         if done:
@@ -277,6 +281,7 @@ async def secure_connection(server: "KafkaServer", conn: "Connection", tls: ssl.
         try:
             await writer.start_tls(tls, ssl_handshake_timeout=cfg.ssl_handshake_timeout_ms / 1000)
         except (OSError, ssl.SSLError, asyncio.TimeoutError, EOFError) as exc:
+            server.tls_handshake_failures += 1
             log.info("TLS handshake with %s failed: %s", conn.peer, exc or type(exc).__name__)
             return False
         if not cfg.kafka_sasl:

@@ -164,6 +164,11 @@ def test_confluent_scram_sha256_and_reauthentication(sasl_broker):
     log = sasl_broker.log_path.read_text(errors="replace")[log_before:]
     assert "expired" not in log
     assert log.count("re-authenticated as User:bob with SCRAM-SHA-256") >= 2, log
+    import urllib.request
+    metrics = urllib.request.urlopen(sasl_broker.http_url + "/metrics", timeout=10).read().decode()
+    line = 'fluvial_kafka_sasl_authentications_total{mechanism="SCRAM-SHA-256",outcome="reauthenticated"}'
+    assert line in metrics
+    assert float(metrics.split(line)[1].split()[0]) >= 2
 
 
 def test_confluent_wrong_password_fails_clearly(sasl_broker):

@@ -289,3 +289,23 @@ def test_alter_user_scram_credentials_errors_on_the_wire(mtls_broker, pki):
                                                          D.UserName(name="zed")]})
     assert {x.user: x.error_code for x in dup.results} == {"kim": ErrorCode.DUPLICATE_RESOURCE,
                                                            "zed": ErrorCode.RESOURCE_NOT_FOUND}
+
+
+def test_tls_handshake_failures_are_counted(sasl_ssl_broker):
+    import urllib.request
+
+    def failures() -> float:
+        metrics = urllib.request.urlopen(sasl_ssl_broker.http_url + "/metrics", timeout=10).read().decode()
+        return float(metrics.split("\nfluvial_kafka_tls_handshake_failures_total ")[1].split()[0])
+    before = failures()
+    with socket.create_connection(("127.0.0.1", sasl_ssl_broker.port), timeout=10) as s:
+        s.sendall(encode_request(ApiKey.API_VERSIONS, 0, 1, {}))   # plaintext on a TLS port
+        try:
+            while s.recv(100):
+                pass
+        except ConnectionResetError:
+            pass
+    deadline = time.monotonic() + 5
+    while failures() < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert failures() == before + 1
