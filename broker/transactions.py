@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -103,6 +105,12 @@ def control_batch(producer_id: int, producer_epoch: int, kind: int, coordinator_
     return build_batch(base_offset=0, partition_leader_epoch=0, attributes=ATTR_TRANSACTIONAL | ATTR_CONTROL,
                        base_timestamp=ts, max_timestamp=ts, producer_id=producer_id, producer_epoch=producer_epoch,
                        base_sequence=-1, columns=columns, compression=Compression.NONE)
+
+
+def _crash_point(name: str) -> None:
+    """Crash tests: `FLUVIAL_TXN_CRASH_AT=<name>` kills the broker (SIGKILL) at that step."""
+    if os.environ.get("FLUVIAL_TXN_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class TransactionCoordinator:
@@ -274,6 +282,8 @@ class TransactionCoordinator:
 
     async def _complete(self, meta: TxnMetadata) -> None:
         commit = meta.state == PREPARE_COMMIT
+        if commit:
+            _crash_point("commit-prepared")
         await self.write_markers(meta.producer_id, meta.producer_epoch, sorted(meta.partitions),
                                  COMMIT if commit else ABORT)
         if commit:
@@ -306,6 +316,8 @@ class TransactionCoordinator:
             wire = bytearray(control_batch(producer_id, producer_epoch, kind))
             header = parse_batch_header(wire)
             records, batch_meta = kafka_batches.to_arrow(memoryview(wire), header)
+            if (lines or waits) and kind == COMMIT:
+                _crash_point("commit-marker")  # after the first marker, before the others
             written = bucket.append(records, batch_meta)
             line = self.index.on_marker(bucket, producer_id, kind, written.base_offset)
             if line is not None:

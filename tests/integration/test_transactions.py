@@ -137,3 +137,150 @@ def test_commit_abort_and_isolation(broker, topic):
     assert b"open" not in _consume(broker.bootstrap, topic, "read_committed", expect=20, timeout=4)
     p.abort_transaction(15)
     c.close()
+
+
+def test_zombie_is_fenced(broker, topic):
+    from confluent_kafka import KafkaException
+    tid = f"zombie-{topic}"
+    old = _producer(broker.bootstrap, tid)
+    old.init_transactions(15)
+    old.begin_transaction()
+    old.produce(topic, value=b"zombie")
+    old.flush(10)
+    new = _producer(broker.bootstrap, tid)
+    new.init_transactions(15)   # aborts the old instance's transaction, bumps the epoch
+    new.begin_transaction()
+    new.produce(topic, value=b"live")
+    new.commit_transaction(15)
+    with pytest.raises(KafkaException) as raised:
+        old.produce(topic, value=b"zombie-2")
+        old.commit_transaction(15)
+    assert raised.value.args[0].fatal() or "fenced" in str(raised.value).lower()
+    assert _consume(broker.bootstrap, topic, "read_committed", expect=1) == [b"live"]
+
+
+def _call(c: RawClient, key: int, version: int, **body):
+    return c.request(key, version, body)
+
+
+def test_bad_transactional_requests(broker, topic):
+    c = RawClient(broker.bootstrap)
+    tid = f"bad-{topic}"
+    r = _call(c, ApiKey.INIT_PRODUCER_ID, 4, transactional_id=tid, transaction_timeout_ms=10 ** 9,
+              producer_id=-1, producer_epoch=-1)
+    assert r.error_code == ErrorCode.INVALID_TRANSACTION_TIMEOUT
+    r = _call(c, ApiKey.INIT_PRODUCER_ID, 4, transactional_id=tid, transaction_timeout_ms=30000,
+              producer_id=-1, producer_epoch=-1)
+    assert r.error_code == 0
+    pid, epoch = r.producer_id, r.producer_epoch
+    # Unknown producer id, wrong epochs (PRODUCER_FENCED from v2 of EndTxn, INVALID_PRODUCER_EPOCH before).
+    assert _call(c, ApiKey.END_TXN, 3, transactional_id=tid, producer_id=pid + 1000, producer_epoch=epoch,
+                 committed=True).error_code == ErrorCode.INVALID_PRODUCER_ID_MAPPING
+    assert _call(c, ApiKey.END_TXN, 3, transactional_id=tid, producer_id=pid, producer_epoch=epoch + 1,
+                 committed=True).error_code == ErrorCode.PRODUCER_FENCED
+    assert _call(c, ApiKey.END_TXN, 1, transactional_id=tid, producer_id=pid, producer_epoch=epoch + 1,
+                 committed=True).error_code == ErrorCode.INVALID_PRODUCER_EPOCH
+    # Committing nothing is an invalid state transition.
+    assert _call(c, ApiKey.END_TXN, 3, transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+                 committed=True).error_code == ErrorCode.INVALID_TXN_STATE
+    # A transactional batch to a partition not added to the transaction: refused, nothing stored.
+    batch = with_attributes(make_batch(2), TRANSACTIONAL, pid, epoch)
+    body = produce_body(topic, batch)
+    body["transactional_id"] = tid
+    part = c.request(ApiKey.PRODUCE, 9, body).responses[0].partition_responses[0]
+    assert part.error_code == ErrorCode.INVALID_TXN_STATE
+    assert end_offset(c, topic) == 0
+    # TxnOffsetCommit: to a group the transaction did not add, and to an unknown group with a generation.
+    TR = request_class(ApiKey.TXN_OFFSET_COMMIT)
+    topics = [TR.TxnOffsetCommitRequestTopic(name=topic, partitions=[
+        TR.TxnOffsetCommitRequestTopic.TxnOffsetCommitRequestPartition(
+            partition_index=0, committed_offset=5, committed_leader_epoch=-1, committed_metadata="")])]
+    r = _call(c, ApiKey.TXN_OFFSET_COMMIT, 3, transactional_id=tid, group_id="nogroup", producer_id=pid,
+              producer_epoch=epoch, generation_id=3, member_id="m", group_instance_id=None, topics=topics)
+    assert r.topics[0].partitions[0].error_code == ErrorCode.INVALID_TXN_STATE
+    assert _call(c, ApiKey.ADD_OFFSETS_TO_TXN, 3, transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+                 group_id="nogroup").error_code == 0
+    r = _call(c, ApiKey.TXN_OFFSET_COMMIT, 3, transactional_id=tid, group_id="nogroup", producer_id=pid,
+              producer_epoch=epoch, generation_id=3, member_id="m", group_instance_id=None, topics=topics)
+    assert r.topics[0].partitions[0].error_code == ErrorCode.ILLEGAL_GENERATION
+    r = _call(c, ApiKey.TXN_OFFSET_COMMIT, 3, transactional_id=tid, group_id="nogroup", producer_id=pid,
+              producer_epoch=epoch + 1, generation_id=-1, member_id="", group_instance_id=None, topics=topics)
+    assert r.topics[0].partitions[0].error_code == ErrorCode.PRODUCER_FENCED
+    # Describe / List show the open transaction; the abort applies nothing.
+    d = _call(c, ApiKey.DESCRIBE_TRANSACTIONS, 0, transactional_ids=[tid, "missing"])
+    assert d.transaction_states[0].transaction_state == "Ongoing"
+    assert d.transaction_states[1].error_code == ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
+    ls = _call(c, ApiKey.LIST_TRANSACTIONS, 1, state_filters=["Ongoing"], producer_id_filters=[pid],
+               duration_filter=-1)
+    assert [s.transactional_id for s in ls.transaction_states] == [tid]
+    assert _call(c, ApiKey.END_TXN, 3, transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+                 committed=False).error_code == 0
+    OF = request_class(ApiKey.OFFSET_FETCH)
+    r = _call(c, ApiKey.OFFSET_FETCH, 5, group_id="nogroup", topics=None, require_stable=False)
+    assert all(p.committed_offset < 0 for t in r.topics for p in t.partitions)
+    c.close()
+
+
+def _consume_all(bootstrap: str, topic: str, isolation: str, partitions: int, settle: float = 3.0) -> list[bytes]:
+    import time as _time
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"k-{_time.time_ns()}", "isolation.level": isolation,
+                  "enable.auto.commit": False, "enable.partition.eof": True})
+    c.assign([TopicPartition(topic, i, 0) for i in range(partitions)])
+    out, eof, quiet_since = [], set(), _time.monotonic()
+    deadline = _time.monotonic() + 20
+    while _time.monotonic() < deadline:
+        m = c.poll(0.3)
+        if m is None:
+            if len(eof) == partitions and _time.monotonic() - quiet_since > settle:
+                break
+            continue
+        if m.error():
+            eof.add(m.partition())
+            continue
+        quiet_since = _time.monotonic()
+        out.append(m.value())
+    c.close()
+    return out
+
+
+def test_kill9_mid_transaction_and_mid_commit(fresh_broker, monkeypatch):
+    """Rounds of: a commit killed after its prepare or after its first marker (completed after
+    restart), and an open transaction killed before its commit (aborted by its timeout)."""
+    from confluent_kafka import KafkaException
+    b = fresh_broker()
+    topic = "txcrash"
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(10)
+    rounds = [("commit-prepared", 0), ("commit-marker", 1), ("commit-marker", 2)]
+    for point, i in rounds:
+        # An open transaction that never commits; then a commit killed at `point`.
+        open_p = _producer(b.bootstrap, f"open-{i}", **{"transaction.timeout.ms": 3000})
+        open_p.init_transactions(15)
+        open_p.begin_transaction()
+        for k in range(6):
+            open_p.produce(topic, value=b"x%d-%d" % (i, k), partition=k % 2)
+        open_p.flush(10)
+        b.kill9()
+        monkeypatch.setenv("FLUVIAL_TXN_CRASH_AT", point)
+        b.start()
+        monkeypatch.delenv("FLUVIAL_TXN_CRASH_AT")
+        p = _producer(b.bootstrap, "committer", **{"message.timeout.ms": 8000})
+        p.init_transactions(15)
+        p.begin_transaction()
+        for k in range(10):
+            p.produce(topic, value=b"r%d-%d" % (i, k), partition=k % 2)
+        p.flush(10)
+        with pytest.raises(KafkaException):
+            p.commit_transaction(4)   # the broker dies in the middle of it
+        b.proc.wait(10)
+        b.proc = None
+        b.start()
+        del p, open_p
+    import time as _time
+    _time.sleep(4)  # the last open transaction's timeout passes
+    committed = _consume_all(b.bootstrap, topic, "read_committed", 2)
+    # Every commit that was prepared is completed after the restart, whole; no aborted record shows.
+    assert sorted(committed) == sorted(b"r%d-%d" % (i, k) for _, i in rounds for k in range(10))
+    everything = _consume_all(b.bootstrap, topic, "read_uncommitted", 2)
+    assert {v for v in everything if v.startswith(b"x")} == {b"x%d-%d" % (i, k) for _, i in rounds for k in range(6)}
