@@ -280,13 +280,17 @@ async def secure_connection(server: "KafkaServer", conn: "Connection", tls: ssl.
     if tls is not None:
         try:
             await writer.start_tls(tls, ssl_handshake_timeout=cfg.ssl_handshake_timeout_ms / 1000)
-        except (OSError, ssl.SSLError, asyncio.TimeoutError, EOFError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the client did, it is logged and dropped
             server.tls_handshake_failures += 1
             log.info("TLS handshake with %s failed: %s", conn.peer, exc or type(exc).__name__)
             return False
         if not cfg.kafka_sasl:
             sslobj = writer.get_extra_info("ssl_object")
-            principal = certificate_principal(sslobj.getpeercert(binary_form=True) if sslobj else None)
+            try:
+                principal = certificate_principal(sslobj.getpeercert(binary_form=True) if sslobj else None)
+            except ValueError as exc:  # a verified certificate cryptography cannot read
+                log.info("client certificate of %s unreadable, connection closed: %s", conn.peer, exc)
+                return False
             if principal is not None:
                 conn.principal = principal
                 conn.auth = CertificateIdentity()
