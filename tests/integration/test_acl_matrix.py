@@ -156,7 +156,7 @@ def metadata(c: WireClient, topics: list[str] | None, create: bool = False):
 def test_every_served_api_is_in_the_matrix():
     """A new API added to the broker must get its row here (and its check in its handler)."""
     covered = {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 29, 30, 31, 32, 33, 35, 36,
-               37, 42, 44, 47, 48, 50, 51, 60, 75}  # 48 DescribeClientQuotas: test_kafka_tls.py
+               37, 42, 44, 47, 48, 50, 51, 60, 68, 69, 75}  # 48 DescribeClientQuotas: test_kafka_tls.py
     handlers.load_all()
     assert set(handlers.supported_versions()) <= covered
 
@@ -524,3 +524,30 @@ def test_user_credentials(secured):
         assert "carol" not in users(admin)[1]
         assert alice.request(51, 0, upsert).results[0].error_code == NONE
         assert "carol" in users(admin)[1]
+
+
+def test_consumer_groups(secured):
+    """KIP-848: heartbeat needs READ on the group and DESCRIBE on the subscribed topics;
+    ConsumerGroupDescribe needs DESCRIBE on the group."""
+    g = "g.kip848"
+
+    def beat(c, topics):
+        return c.request(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, dict(
+            group_id=g, member_id="m-1", member_epoch=0, instance_id=None, rack_id=None,
+            rebalance_timeout_ms=30000, subscribed_topic_names=topics, subscribed_topic_regex=None,
+            server_assignor=None, topic_partitions=[]))
+
+    def describe(c):
+        return c.request(ApiKey.CONSUMER_GROUP_DESCRIBE, 1, dict(group_ids=[g],
+                                                                 include_authorized_operations=False)).groups[0]
+
+    with wire(secured, "alice") as alice, wire(secured, "bob") as bob, wire(secured, "admin") as admin:
+        assert beat(bob, ["m.visible"]).error_code == GROUP_DENIED
+        assert describe(admin).error_code == 69  # GROUP_ID_NOT_FOUND: nothing was created
+        assert beat(alice, ["m.t1", "other.topic"]).error_code == TOPIC_DENIED
+        assert describe(admin).error_code == 69
+        joined = beat(alice, ["m.t1"])
+        assert (joined.error_code, joined.member_epoch) == (NONE, 1)
+        assert describe(bob).error_code == GROUP_DENIED
+        d = describe(alice)
+        assert d.error_code == NONE and [m.member_id for m in d.members] == ["m-1"]

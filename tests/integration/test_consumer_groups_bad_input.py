@@ -125,3 +125,52 @@ def test_consumer_group_heartbeats_with_wrong_epochs_members_and_fields(broker, 
         raw.close()
         assert describe(c, group).error_code == E.GROUP_ID_NOT_FOUND
         assert fetch_v9(c, group, None, -1) == (0, {})
+
+
+def partitions_of(response) -> list[int]:
+    return sorted(p for tp in response.assignment.topic_partitions for p in tp.partitions)
+
+
+def test_revoke_then_assign_static_members_and_regex_subscriptions(broker, topic_name):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 4, 1)])[topic_name].result(15)
+    group = f"g848s-{topic_name}"
+    with WireClient(broker.bootstrap) as c:
+        one = join_848(c, group, "m1", topic_name, instance_id="i1", server_assignor="range")
+        assert partitions_of(one) == [0, 1, 2, 3]
+        tid = one.assignment.topic_partitions[0].topic_id
+        # A second member: it gets the new epoch but nothing m1 still owns.
+        two = join_848(c, group, "m2", topic_name, server_assignor="range")
+        assert two.member_epoch == 2 and partitions_of(two) == []
+        # m1 is told to keep 0-1 and give up 2-3, at its old epoch.
+        r = heartbeat(c, group, "m1", 1, topic_partitions=[Owned(topic_id=tid, partitions=[0, 1, 2, 3])])
+        assert r.member_epoch == 1 and partitions_of(r) == [0, 1]
+        assert heartbeat(c, group, "m2", 2).assignment is None  # still nothing released
+        r = heartbeat(c, group, "m1", 1, topic_partitions=[Owned(topic_id=tid, partitions=[0, 1])])
+        assert r.member_epoch == 2
+        assert partitions_of(heartbeat(c, group, "m2", 2)) == [2, 3]
+
+        # Static member m1 restarts: it keeps its partitions while it is away...
+        assert heartbeat(c, group, "m1", -2, instance_id="i1").member_epoch == -2
+        assert join_848(c, group, "m3", topic_name, instance_id="i2").error_code == 0
+        d = describe(c, group)
+        owned = {m.member_id: sorted(p for tp in m.assignment.topic_partitions for p in tp.partitions)
+                 for m in d.members}
+        assert owned["m1"] == [0, 1] and owned["m3"] == []
+        # ...nobody else may use its instance id while it has not left...
+        assert join_848(c, group, "m4", topic_name, instance_id="i2").error_code == E.UNRELEASED_INSTANCE_ID
+        # ...and it comes back under a new member id with the same partitions.
+        back = join_848(c, group, "m1b", topic_name, instance_id="i1")
+        assert back.error_code == 0 and partitions_of(back) == [0, 1]
+        assert "m1" not in {m.member_id for m in describe(c, group).members}
+
+        # A regex subscription follows new topics.
+        regex_group = f"g848r-{topic_name}"
+        prefix = f"rx{topic_name[2:8]}"
+        admin.create_topics([NewTopic(f"{prefix}.a", 2, 1)])[f"{prefix}.a"].result(15)
+        r = heartbeat(c, regex_group, "r1", 0, rebalance_timeout_ms=30_000, subscribed_topic_regex=rf"{prefix}\..*",
+                      topic_partitions=[])
+        assert r.error_code == 0 and partitions_of(r) == [0, 1]
+        admin.create_topics([NewTopic(f"{prefix}.b", 3, 1)])[f"{prefix}.b"].result(15)
+        r = heartbeat(c, regex_group, "r1", r.member_epoch)
+        assert r.member_epoch == 2 and len(r.assignment.topic_partitions) == 2 and len(partitions_of(r)) == 5
