@@ -52,6 +52,9 @@ class Broker:
         self.authorizer = Authorizer(config.security)
         # Users and their SCRAM credentials (SASL on the Kafka listener, basic auth elsewhere).
         self.users = UserStore.in_data_dir(self.data_dir)
+        if not self.users.hold_lock():
+            log.warning("another process holds %s.lock: user changes made there and here may overwrite "
+                        "each other", self.users.path.with_suffix(""))
         # The ACLs, durable in the data directory (loaded into the authorizer here).
         self.acl_store = AclStore(self.data_dir, self.authorizer, self.io_executor)
         self.kafka = KafkaServer(self)
@@ -107,6 +110,7 @@ class Broker:
         self.io_executor.shutdown(wait=True)
         self.cpu_executor.shutdown(wait=True)
         self.store.close()
+        self.users.release_lock()
         log.info("fluvial broker stopped")
 
     def _flush_all(self) -> None:

@@ -65,6 +65,15 @@ def _client_config(args) -> dict[str, str]:
     return conf
 
 
+def _offline_store(data_dir: Path):
+    from fluvial.security.users import UserStore
+    store = UserStore.in_data_dir(data_dir)
+    if not store.hold_lock():
+        raise SystemExit(f"error: a broker is running on {data_dir}: change users through it (--bootstrap ...), "
+                         f"or stop it first")
+    return store
+
+
 def _read_password(path: Path | None, env: str, prompt: str | None) -> str | None:
     if path is not None:
         text = Path(path).read_text()
@@ -112,9 +121,8 @@ def user_add(args) -> int:
     if not password:
         raise SystemExit(f"error: no password for {args.name}: use --new-password-file or ${NEW_PASSWORD_ENV}")
     if args.data_dir:
-        from fluvial.security.users import UserStore
         try:
-            UserStore.in_data_dir(args.data_dir).set_password(args.name, password, tuple(_mechanisms(args)),
+            _offline_store(args.data_dir).set_password(args.name, password, tuple(_mechanisms(args)),
                                                               args.iterations)
         except ValueError as exc:
             raise SystemExit(f"error: {exc}") from None
@@ -130,8 +138,7 @@ def user_add(args) -> int:
 
 def user_delete(args) -> int:
     if args.data_dir:
-        from fluvial.security.users import UserStore
-        store = UserStore.in_data_dir(args.data_dir)
+        store = _offline_store(args.data_dir)
         if args.mechanism:
             store.apply(deletions=[(args.name, m) for m in args.mechanism])
             found = True

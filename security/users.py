@@ -9,6 +9,7 @@ before it is visible or acknowledged, so a crash leaves either the old set or th
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import hmac
 import json
@@ -42,6 +43,30 @@ class UserStore:
     @classmethod
     def in_data_dir(cls, data_dir: Path) -> "UserStore":
         return cls(Path(data_dir) / FILE_NAME)
+
+    # ---- one writer process ----
+    # The broker holds an exclusive lock on <data-dir>/users.lock while it runs, so that
+    # `fluvial user --data-dir` (which edits the file directly) refuses to run beside it: the
+    # broker would never see the edit and its next change would overwrite it.
+
+    def hold_lock(self) -> bool:
+        """Take the users file's lock (non-blocking); False when another process holds it."""
+        if getattr(self, "_lock_fd", None) is not None:
+            return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.with_name("users.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        return True
+
+    def release_lock(self) -> None:
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases the lock
 
     # ---- reading (in memory, thread-safe) ----
 

@@ -152,6 +152,9 @@ def test_user_cli_online_and_offline(sasl_ssl_broker, pki, tmp_path):
     r = _run_cli("user", "add", "x", *conn, "--timeout", "3",
                  env={"FLUVIAL_PASSWORD": "wrong", "FLUVIAL_NEW_PASSWORD": "p"})
     assert r.returncode != 0
+    # Offline edits are refused while a broker runs on the data dir (it would overwrite them).
+    r = _run_cli("user", "add", "zed", "--data-dir", str(sasl_ssl_broker.data_dir), env={"FLUVIAL_NEW_PASSWORD": "z"})
+    assert r.returncode != 0 and "a broker is running" in r.stderr
     # Offline, on the data dir of a stopped broker.
     data = tmp_path / "offline"
     r = _run_cli("user", "add", "root", "--data-dir", str(data), env={"FLUVIAL_NEW_PASSWORD": "root-secret"})
