@@ -50,6 +50,11 @@ class BucketTransactions:
             return high_watermark
         return min(high_watermark, min(self.ongoing.values()))
 
+    def is_aborted(self, producer_id: int, offset: int) -> bool:
+        """Whether the producer's batch at `offset` belongs to an aborted transaction."""
+        return any(a.producer_id == producer_id and a.first_offset <= offset < a.last_offset
+                   for a in self.aborted)
+
     def aborted_between(self, start: int, end: int) -> list[AbortedTxn]:
         """Aborted transactions with records in [start, end) (Kafka's fetch answer)."""
         return [a for a in self.aborted if a.last_offset >= start and a.first_offset < end]

@@ -87,6 +87,10 @@ class ScanRequest:
     # Whether the broker serves offsets that are only in the object store; a client that
     # reads them itself says False, and gets OffsetOutOfRange there instead.
     tiered: bool = True
+    # "read_committed" (the default): rows of open transactions are not read yet (the scan
+    # stops at the last stable offset), aborted ones never; "read_uncommitted": every row.
+    # Transaction markers are never rows.
+    isolation: str = "read_committed"
 
     def to_bytes(self) -> bytes:
         body = asdict(self)

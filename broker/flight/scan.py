@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from fluvial.broker.flight.catalog import BUCKET, column_field, user_schema
+from fluvial.broker.log.batch_meta import ATTR_CONTROL, ATTR_TRANSACTIONAL
 from fluvial.broker.tables import Bucket
 from fluvial.client.predicates import (Filter, batch_may_match, filter_mask, hide_state_rows, parse_filter,
                                       read_columns)
@@ -38,6 +39,10 @@ class ScanPlan:
     follow: bool
     remote: Any = None       # the broker's RemoteLogManager: offsets below the local log come from it
     hide_state_rows: bool = False  # a 'retract' table's log also holds its merge state's input rows
+    # The bucket's transactions (None: it never held one); with `read_committed` the scan
+    # stops at the last stable offset and leaves out aborted batches.
+    txns: Any = None
+    read_committed: bool = True
 
     @property
     def remote_bucket(self) -> Bucket:
@@ -64,7 +69,11 @@ def plan_scan(bucket: Bucket, request: ScanRequest, remote: Any = None) -> ScanP
     read = [f for f in out if f.name != BUCKET] + extra
     source = getattr(table, "source", None) or table
     hide = source.configs.get("fluvial.merge.engine") == "retract"
-    return ScanPlan(bucket, out, read, filters, start, end, request.follow, remote, hide)
+    isolation = getattr(request, "isolation", "read_committed")
+    if isolation not in ("read_committed", "read_uncommitted"):
+        raise InvalidRequestError(f"isolation must be 'read_committed' or 'read_uncommitted', not {isolation!r}")
+    return ScanPlan(bucket, out, read, filters, start, end, request.follow, remote, hide,
+                    read_committed=isolation == "read_committed")
 
 
 def _field(table, users: pa.Schema, name: str) -> pa.Field:
@@ -181,7 +190,11 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
             stored = [s for s in plan.remote.read_batches(plan.remote_bucket, offset, READ_BYTES)
                       if plan.end is None or s.meta.base_offset < plan.end]
         else:
-            stored = tablet.read(offset, READ_BYTES, max_offset=plan.end)
+            limit = plan.end
+            if plan.txns is not None and plan.read_committed:
+                lso = plan.txns.last_stable_offset(tablet.high_watermark)
+                limit = lso if limit is None else min(limit, lso)
+            stored = tablet.read(offset, READ_BYTES, max_offset=limit) if limit is None or offset < limit else []
         if not stored:
             yield from flush()
             if not plan.follow:
@@ -198,6 +211,9 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
         for sb in stored:
             stats.batches_read += 1
             meta = sb.meta
+            if meta.attributes & _TXN_BITS and _hidden(plan, meta):
+                offset = meta.next_offset  # a transaction marker, or an aborted transaction's batch
+                continue
             if not batch_may_match(meta, bounds.get(meta.base_offset), plan.filters):
                 stats.batches_skipped += 1
                 offset = meta.next_offset
@@ -236,6 +252,17 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
             yield from flush()  # a follower wants rows as soon as they are there
     yield from flush()
     stats.end_offset = offset
+
+
+_TXN_BITS = ATTR_TRANSACTIONAL | ATTR_CONTROL
+
+
+def _hidden(plan: ScanPlan, meta) -> bool:
+    if meta.attributes & ATTR_CONTROL:
+        return True
+    if not plan.read_committed or plan.txns is None:
+        return False
+    return plan.txns.is_aborted(meta.producer_id, meta.base_offset)
 
 
 def _sparse_range(batch: pa.RecordBatch, meta, offset: int, end: int | None) -> tuple[int, int, int]:

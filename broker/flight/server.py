@@ -180,6 +180,9 @@ class TableFlightServer(flight.FlightServerBase):
             table = self._table(request.table)
             bucket = table.bucket(request.bucket)
             plan = plan_scan(bucket, request, getattr(self.broker, "remote_log", None) if request.tiered else None)
+            index = self.broker.extensions.get("txn_index")
+            if index is not None:
+                plan.txns = index.get(bucket)  # may read the bucket's index once: a Flight thread
         stats = ScanStats()
 
         def cancelled() -> bool:

@@ -284,3 +284,40 @@ def test_kill9_mid_transaction_and_mid_commit(fresh_broker, monkeypatch):
     assert sorted(committed) == sorted(b"r%d-%d" % (i, k) for _, i in rounds for k in range(10))
     everything = _consume_all(b.bootstrap, topic, "read_uncommitted", 2)
     assert {v for v in everything if v.startswith(b"x")} == {b"x%d-%d" % (i, k) for _, i in rounds for k in range(6)}
+
+
+def test_table_scans_read_committed(broker, topic):
+    """Native (Arrow Flight) scans: committed rows only, no markers, nothing past an open
+    transaction; read_uncommitted on the wire shows aborted rows too."""
+    from fluvial import client as fc
+    from fluvial.client.wire import ScanRequest
+    import pyarrow.flight as flight
+
+    p = _producer(broker.bootstrap, f"scan-{topic}")
+    p.init_transactions(15)
+    for label, commit in (("c1", True), ("ab", False), ("c2", True)):
+        p.begin_transaction()
+        for i in range(4):
+            p.produce(topic, value=f"{label}-{i}".encode())
+        p.flush(10)
+        (p.commit_transaction if commit else p.abort_transaction)(15)
+    p.begin_transaction()
+    p.produce(topic, value=b"open-0")
+    p.flush(10)
+    p2 = _producer(broker.bootstrap, f"scan2-{topic}")
+    p2.init_transactions(15)
+    p2.begin_transaction()
+    p2.produce(topic, value=b"after-open")
+    p2.commit_transaction(15)
+    with fc.connect(broker.flight_url) as c:
+        values = c.table(topic).scan(columns=["value"]).to_arrow().column("value").to_pylist()
+    assert values == [f"c1-{i}".encode() for i in range(4)] + [f"c2-{i}".encode() for i in range(4)]
+    raw = flight.connect(broker.flight_url)
+    reader = raw.do_get(flight.Ticket(ScanRequest(topic, 0, ["value"], isolation="read_uncommitted").to_bytes()))
+    every = reader.read_all().column("value").to_pylist()
+    assert b"ab-0" in every and b"open-0" in every and b"after-open" in every
+    assert all(v is None or not v.startswith(b"\x00\x00\x00") for v in every)  # no marker rows
+    p.commit_transaction(15)
+    with fc.connect(broker.flight_url) as c:
+        values = c.table(topic).scan(columns=["value"]).to_arrow().column("value").to_pylist()
+    assert values[-2:] == [b"open-0", b"after-open"]
