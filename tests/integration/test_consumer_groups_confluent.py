@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
@@ -139,6 +140,9 @@ def test_members_join_leave_die_and_resume_after_restart(fresh_broker, tmp_path,
         members += [b, c]
         wait_for(lambda: stable_members(watch, 3), 40, "three members sharing the partitions")
         wait_for(lambda: b.values() and c.values(), 30, "the new members to consume")
+        # The broker's metrics count the members of consumer groups like those of classic ones.
+        metrics = urllib.request.urlopen(broker.http_url + "/metrics", timeout=10).read().decode()
+        assert f'fluvial_consumer_group_members{{group="{group}",state="Stable"}} 3.0' in metrics
         b.kill9()  # its partitions come back after the session timeout
         wait_for(lambda: stable_members(watch, 2), 40, "the killed member to be removed")
         c.leave()  # a clean leave hands its partitions over at once
