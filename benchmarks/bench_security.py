@@ -62,8 +62,6 @@ def log(message: str) -> None:
     print(f"[security {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-
-
 class Setup:
     """Kafka (both listeners) and two Fluvial brokers; `target(system, protocol)` says where to connect."""
 
