@@ -174,3 +174,33 @@ def test_revoke_then_assign_static_members_and_regex_subscriptions(broker, topic
         admin.create_topics([NewTopic(f"{prefix}.b", 3, 1)])[f"{prefix}.b"].result(15)
         r = heartbeat(c, regex_group, "r1", r.member_epoch)
         assert r.member_epoch == 2 and len(r.assignment.topic_partitions) == 2 and len(partitions_of(r)) == 5
+
+
+def test_members_carry_on_across_a_broker_kill(fresh_broker, topic_name):
+    """The group's state is durable: after kill -9 and restart the members keep their epochs
+    and partitions (no rebalance), and the id is still a consumer group."""
+    broker = fresh_broker()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 4, 1)])[topic_name].result(15)
+    group = f"g848k-{topic_name}"
+    with WireClient(broker.bootstrap) as c:
+        one = join_848(c, group, "m1", topic_name, server_assignor="range")
+        tid = one.assignment.topic_partitions[0].topic_id
+        join_848(c, group, "m2", topic_name, server_assignor="range")
+        heartbeat(c, group, "m1", 1, topic_partitions=[Owned(topic_id=tid, partitions=[0, 1, 2, 3])])
+        assert heartbeat(c, group, "m1", 1, topic_partitions=[Owned(topic_id=tid, partitions=[0, 1])]).member_epoch == 2
+        assert partitions_of(heartbeat(c, group, "m2", 2)) == [2, 3]
+        before = describe(c, group)
+        assert before.group_state == "Stable"
+    broker.kill9()
+    broker.start()
+    with WireClient(broker.bootstrap) as c:
+        after = describe(c, group)
+        assert (after.group_state, after.group_epoch, after.assignment_epoch) == ("Stable", 2, 2)
+        r1 = heartbeat(c, group, "m1", 2, topic_partitions=[Owned(topic_id=tid, partitions=[0, 1])])
+        r2 = heartbeat(c, group, "m2", 2, topic_partitions=[Owned(topic_id=tid, partitions=[2, 3])])
+        assert (r1.error_code, r1.member_epoch, r1.assignment) == (0, 2, None)
+        assert (r2.error_code, r2.member_epoch, r2.assignment) == (0, 2, None)
+        raw = RawClient(broker.bootstrap)
+        assert join(raw, group, topic=topic_name).error_code == E.INCONSISTENT_GROUP_PROTOCOL
+        raw.close()
