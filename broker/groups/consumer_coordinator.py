@@ -145,14 +145,18 @@ class ConsumerGroupCoordinator:
         group = self._groups.get(group_id)
         return group is not None and bool(group.members)
 
-    def validate_commit(self, group_id: str, member_id: str, member_epoch: int) -> ErrorCode:
-        """Kafka's ConsumerGroup.validateOffsetCommit: the member epoch stands in for the generation."""
+    def validate_commit(self, group_id: str, member_id: str, member_epoch: int,
+                        api_version: int | None = None) -> ErrorCode:
+        """Kafka's ConsumerGroup.validateOffsetCommit: the member epoch stands in for the
+        generation; a member commits with OffsetCommit v9+ (None: a transactional commit)."""
         group = self._groups[group_id]
         if member_epoch < 0 and not group.members:
             return ErrorCode.NONE
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
+        if api_version is not None and api_version < 9:
+            return ErrorCode.UNSUPPORTED_VERSION
         if member_epoch != member.member_epoch:
             return ErrorCode.STALE_MEMBER_EPOCH
         return ErrorCode.NONE

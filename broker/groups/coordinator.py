@@ -708,9 +708,14 @@ class GroupCoordinator:
         group_instance_id: str | None,
         offsets: list[OffsetCommitEntry],
         retention_time_ms: int = -1,
+        api_version: int | None = None,
     ) -> dict[TopicPartition, ErrorCode]:
-        """Validate the committer as Kafka does, then store each valid partition's offset."""
-        group_error = self._validate_committer(group_id, generation_id, member_id, group_instance_id)
+        """Validate the committer as Kafka does, then store each valid partition's offset.
+
+        `api_version` is the OffsetCommit version (members of KIP-848 consumer groups must use
+        v9+); None skips that check."""
+        group_error = self._validate_committer(group_id, generation_id, member_id, group_instance_id,
+                                               api_version)
         if group_error != ErrorCode.NONE:
             return {(e.topic, e.partition): group_error for e in offsets}
         group = self._groups.get(group_id)
@@ -749,17 +754,17 @@ class GroupCoordinator:
         accepted = {(t, p): CommittedOffset(o, e, m or "", now, None) for t, p, o, e, m in entries}
         if not accepted:
             return
-        if group_id not in self._groups:
+        if group_id not in self._groups and not (self.modern_groups is not None and self.modern_groups.owns(group_id)):
             self._groups[group_id] = Group(group_id, state_timestamp_ms=now)
         await self._storage.write([GroupStorage.offset_upsert(group_id, t, p, c) for (t, p), c in accepted.items()])
         self._offsets.setdefault(group_id, {}).update(accepted)
 
     def _validate_committer(self, group_id: str, generation_id: int, member_id: str,
-                            group_instance_id: str | None) -> ErrorCode:
+                            group_instance_id: str | None, api_version: int | None = None) -> ErrorCode:
         if not group_id:
             return ErrorCode.INVALID_GROUP_ID
         if self.modern_groups is not None and self.modern_groups.owns(group_id):
-            return self.modern_groups.validate_commit(group_id, member_id, generation_id)
+            return self.modern_groups.validate_commit(group_id, member_id, generation_id, api_version)
         group = self._groups.get(group_id)
         if group is None:
             if generation_id < 0:

@@ -58,6 +58,7 @@ async def offset_commit(ctx: RequestContext, request):
         group_instance_id=request.group_instance_id if ctx.version >= 7 else None,
         offsets=entries,
         retention_time_ms=request.retention_time_ms if ctx.version <= 4 else -1,
+        api_version=ctx.version,
     ))
     return ctx.response(throttle_time_ms=0, topics=[
         OC.OffsetCommitResponseTopic(name=t.name, partitions=[

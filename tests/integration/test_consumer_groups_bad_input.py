@@ -91,6 +91,8 @@ def test_consumer_group_heartbeats_with_wrong_epochs_members_and_fields(broker, 
         assert commit_v9(c, group, "m1", 2, topic_name, 9) == E.STALE_MEMBER_EPOCH
         assert commit_v9(c, group, "ghost", 3, topic_name, 9) == E.UNKNOWN_MEMBER_ID
         assert commit_v9(c, group, "", -1, topic_name, 9) == E.UNKNOWN_MEMBER_ID  # the group has members
+        with_v8 = commit(RawClient(broker.bootstrap), group, 3, "m1", [(topic_name, 0, 9, "")])
+        assert with_v8[(topic_name, 0)] == E.UNSUPPORTED_VERSION  # members of consumer groups commit with v9+
         assert fetch_v9(c, group, "m1", 2)[0] == E.STALE_MEMBER_EPOCH
         assert fetch_v9(c, group, "ghost", 3)[0] == E.UNKNOWN_MEMBER_ID
         assert fetch_v9(c, group, "m1", 3) == (0, {0: 7})
