@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from fluvial.broker.config import BrokerConfig
+from fluvial.errors import BrokerStartError
 from fluvial.security.options import add_security_arguments, expand_config_file, security_from_args
 
 
@@ -175,7 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "broker":
         config = config_from_args(args, broker_parser)
         setup_logging(args.log_level, args.log_format)
-        asyncio.run(run_broker(config))
+        try:
+            asyncio.run(run_broker(config))
+        except BrokerStartError as exc:
+            logging.getLogger("fluvial").error("cannot start: %s", exc)
+            return 1
         return 0
     return args.run(args) or 0
 

@@ -135,3 +135,8 @@ class LakeLeaseError(FluvialError):
     heartbeat or report is refused (what it committed to the lake is reconciled by the next)."""
     code = ErrorCode.INVALID_REQUEST
     http_status = 409
+
+
+class BrokerStartError(Exception):
+    """The broker cannot start (stored state it must not guess about is unreadable, settings
+    cannot work); the message says what and where. `fluvial broker` prints it and exits 1."""

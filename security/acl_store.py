@@ -22,13 +22,15 @@ from pathlib import Path
 from fluvial.security.acls import AclBinding, AclBindingFilter, InvalidAclError
 from fluvial.security.authorizer import Authorizer
 
+from fluvial.errors import BrokerStartError
+
 log = logging.getLogger(__name__)
 
 FILE_NAME = "acls.json"
 _FORMAT = 1
 
 
-class AclStoreError(Exception):
+class AclStoreError(BrokerStartError):
     """The ACL file cannot be read (the broker refuses to start rather than guess)."""
 
 

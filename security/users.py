@@ -22,11 +22,17 @@ from typing import Callable
 from fluvial.security import scram
 from fluvial.security.scram import ScramCredential
 
+from fluvial.errors import BrokerStartError
+
 FILE_NAME = "users.json"
 _FORMAT = 1
 # verify_password results remembered (per user, keyed by a keyed hash of the password) so
 # that HTTP/Flight basic auth does not run PBKDF2 (thousands of HMACs) on every request.
 _CACHE_SIZE = 1024
+
+
+class UserStoreError(BrokerStartError):
+    """The users file cannot be read."""
 
 
 class UserStore:
@@ -73,11 +79,15 @@ class UserStore:
     def _load(self) -> None:
         try:
             doc = json.loads(self.path.read_text())
+            users = {}
+            for name, creds in doc.get("users", {}).items():
+                users[name] = {mech: ScramCredential.from_json(mech, c) for mech, c in creds.items()}
         except FileNotFoundError:
             return
-        users = {}
-        for name, creds in doc.get("users", {}).items():
-            users[name] = {mech: ScramCredential.from_json(mech, c) for mech, c in creds.items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # Guessing (starting with no users) would lock every client out or, worse, let a
+            # later write drop the stored credentials: refuse to start instead.
+            raise UserStoreError(f"cannot read the users in {self.path}: {exc}") from None
         self._users = users
 
     def names(self) -> list[str]:

@@ -92,3 +92,20 @@ def test_open_broker_on_the_network_warns(tmp_path):
     b = BrokerProcess(tmp_path / "local").start()
     b.stop()
     assert "SECURITY WARNING" not in b.log_path.read_text()
+
+
+@pytest.mark.parametrize("name", ["users.json", "acls.json"])
+def test_unreadable_security_state_stops_start_with_one_clear_line(tmp_path, name):
+    """A damaged users or ACL file is not guessed about (no users would lock everyone out; no
+    ACLs would open everything): the broker says which file and why, exits 1, no traceback."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / name).write_text('{"format": 1, "users": {"alice": 7}, "acls": [{"oops"')
+    proc = subprocess.run([sys.executable, "-m", "fluvial.broker.cli", "broker", "--data-dir", str(data),
+                           "--kafka-port", "0", "--http-port", "0", "--flight-port", "0", "--log-format", "text"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert f"cannot start: cannot read the {name.split('.')[0].replace('acls', 'ACLs')} in" in proc.stderr
+    assert str(data / name) in proc.stderr
+    assert (data / name).read_text().startswith('{"format": 1')   # left as it was, for the operator
