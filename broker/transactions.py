@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from fluvial.broker import kafka_batches
+from fluvial.broker import kafka_batches, pk_tables
 from fluvial.broker.log.batch_meta import ATTR_CONTROL, ATTR_TRANSACTIONAL
 from fluvial.broker.metadata import MetadataStore
 from fluvial.broker.txn_index import ABORT, COMMIT, TransactionIndex
@@ -313,6 +313,10 @@ class TransactionCoordinator:
                 bucket = self.broker.tables.get(topic).bucket(partition)
             except FluvialError:
                 continue  # deleted since: nothing left to mark
+            if pk_tables.is_primary_key(bucket.table):
+                # No marker: the held writes are applied (commit) or dropped (abort).
+                await self.broker.extensions["txn_pk"].finish(self.broker, bucket, producer_id, kind == COMMIT)
+                continue
             wire = bytearray(control_batch(producer_id, producer_epoch, kind))
             header = parse_batch_header(wire)
             records, batch_meta = kafka_batches.to_arrow(memoryview(wire), header)

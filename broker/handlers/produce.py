@@ -100,9 +100,7 @@ async def _admit_transactional(ctx: RequestContext, transactional_id: str | None
         raise FluvialError(f"transactional batch of producer {meta.producer_id} epoch {meta.producer_epoch} "
                            f"is not part of an ongoing transaction with {part.topic}-{part.index}", code=code)
     if pk:
-        # A primary-key table applies writes to its KV state at once: it cannot hold them back.
-        raise FluvialError(f"{part.topic} is a primary-key table: transactional writes are not supported there",
-                           code=ErrorCode.INVALID_REQUEST)
+        return  # held until the transaction ends (broker/txn_pk.py)
     index = ctx.broker.extensions["txn_index"]
     if not index.ready(part.bucket):
         await asyncio.get_running_loop().run_in_executor(ctx.broker.io_executor, index.prepare, part.bucket)
@@ -168,11 +166,17 @@ async def produce(ctx: RequestContext, request):
             # An offline bucket answers every batch with KAFKA_STORAGE_ERROR, retries included:
             # the duplicate answer would acknowledge data whose fsync failed.
             bucket.tablet.check_online()
-            transactional = meta.attributes & ATTR_TRANSACTIONAL
+            transactional = p.header.attributes & ATTR_TRANSACTIONAL  # as produced (a PK write's meta drops it)
             if transactional:
                 # Before the idempotence check: no await may come between it and the append.
-                await _admit_transactional(ctx, request.transactional_id, p, meta,
-                                           pk_tables.is_primary_key(bucket.table))
+                pk = pk_tables.is_primary_key(bucket.table)
+                await _admit_transactional(ctx, request.transactional_id, p, meta, pk)
+                if pk:
+                    # A primary-key table's writes reach its KV state only when the transaction
+                    # commits: held (durably) until then.
+                    await broker.extensions["txn_pk"].hold(bucket, meta, bytes(p.wire))
+                    p.response = ProducedPartition(p.index, 0, -1, -1, bucket.log_start_offset)
+                    continue
             if producer_state is not None and meta.producer_id >= 0:
                 if not producer_state.loaded(bucket):
                     await producer_state.ensure_loaded(bucket)  # just after a restart

@@ -19,6 +19,7 @@ from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.broker.transactions import STATES, TransactionCoordinator, TxnError
 from fluvial.broker.txn_index import TransactionIndex
+from fluvial.broker.txn_pk import PendingPkWrites
 from fluvial.errors import FluvialError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
@@ -38,6 +39,7 @@ EXPIRY_INTERVAL_S = 1.0
 async def start_transactions(broker) -> None:
     index = TransactionIndex()
     broker.extensions["txn_index"] = index
+    broker.extensions["txn_pk"] = PendingPkWrites(broker.io_executor, broker.cpu_executor)
     ids = broker.extensions["producer_ids"]
     coordinator = TransactionCoordinator(broker, broker.store, index,
                                          max_timeout_ms=ids.max_transaction_timeout_ms)

@@ -321,3 +321,54 @@ def test_table_scans_read_committed(broker, topic):
     with fc.connect(broker.flight_url) as c:
         values = c.table(topic).scan(columns=["value"]).to_arrow().column("value").to_pylist()
     assert values[-2:] == [b"open-0", b"after-open"]
+
+
+def test_primary_key_table_applies_only_committed_transactions(fresh_broker, topic_name):
+    """Aborted upserts never reach lookups, scans or the changelog; committed ones do, also
+    when the broker is killed (-9) between the produce and the commit."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from fluvial.client import connect
+    from tests.integration.test_pk_kafka import Writer, create, read_all
+
+    b = fresh_broker()
+    create(b, topic_name, partitions=1)
+    w = Writer(b, topic_name)
+    w.producer = _producer(b.bootstrap, f"pk-{topic_name}", partitioner="murmur2_random")
+    w.producer.init_transactions(15)
+
+    def txn(rows: dict, commit: bool) -> None:
+        w.producer.begin_transaction()
+        for i, balance in rows.items():
+            w.producer.produce(topic_name, key=w.key(i), value=None if balance is None else w.value_ser(
+                {"id": i, "owner": f"o{i}", "balance": balance},
+                SerializationContext(topic_name, MessageField.VALUE)))
+        w.producer.flush(10)
+        (w.producer.commit_transaction if commit else w.producer.abort_transaction)(15)
+
+    txn({1: 10, 2: 20}, True)
+    txn({1: 999, 3: 30, 2: None}, False)    # aborted: an update, an insert, a delete
+    # Held across a kill -9: the transaction is open, then a new producer instance aborts it.
+    w.producer.begin_transaction()
+    w.producer.produce(topic_name, key=w.key(4), value=w.value_ser(
+        {"id": 4, "owner": "o4", "balance": 40}, SerializationContext(topic_name, MessageField.VALUE)))
+    w.producer.flush(10)
+    b.kill9()
+    b.start()
+    w.producer = _producer(b.bootstrap, f"pk-{topic_name}", partitioner="murmur2_random")
+    w.producer.init_transactions(15)
+    txn({5: 50, 1: 11}, True)
+    with connect(b.flight_url) as client:
+        t = client.table(topic_name)
+        rows = sorted(t.lookup([{"id": i} for i in range(1, 6)]).to_pylist(), key=lambda r: r["id"])
+        assert [(r["id"], r["balance"]) for r in rows] == [(1, 11), (2, 20), (5, 50)]
+        scanned = t.scan(columns=["id", "balance"]).to_arrow().to_pylist()
+        assert {r["balance"] for r in scanned} <= {10, 20, 11, 50}
+    changelog = read_all(b, f"{topic_name}.changelog", 1, 5, timeout=10)
+    de = AvroDeserializer(SchemaRegistryClient({"url": b.http_url}))  # the restarted broker's registry
+    ctx = SerializationContext(topic_name, MessageField.VALUE)
+    balances = [de(m.value(), ctx)["balance"] for m in changelog if m.value() is not None]
+    assert 999 not in balances and 30 not in balances and 40 not in balances
+    assert 11 in balances and 50 in balances
