@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.support.broker_process import BrokerProcess
 from tests.support.certs import make_pki
@@ -36,9 +37,10 @@ class GuideBroker:
 
     def __init__(self, tmp_path: Path):
         self.tls = tmp_path / "tls"
-        if shutil.which("openssl"):   # the guide's own OpenSSL commands make the CA and the server certificate
+        if shutil.which("openssl"):   # the guide's own OpenSSL commands make the CA and the certificates
             run_shell(guide_block("certificates").replace(TLS_DIR, str(self.tls)), tmp_path)
-            assert {"ca.pem", "server.pem", "server.key"} <= {f.name for f in self.tls.iterdir()}
+            run_shell(guide_block("client certificate").replace(TLS_DIR, str(self.tls)), tmp_path)
+            assert {"ca.pem", "server.pem", "server.key", "alice.pem", "alice.key"} <= {f.name for f in self.tls.iterdir()}
         else:
             tls_files(make_pki(tmp_path / "pki"), self.tls)
         config = guide_block("broker config").replace(TLS_DIR, str(self.tls))
@@ -47,6 +49,10 @@ class GuideBroker:
         self.config_file = tmp_path / "broker.properties"
         self.config_file.write_text(config)
         self.broker = BrokerProcess(tmp_path / "data", "--config", str(self.config_file))
+        # The guide's second broker: client certificates only (mTLS), started when its example runs.
+        mtls_config = tmp_path / "mtls.properties"
+        mtls_config.write_text(guide_block("mtls broker config").replace(TLS_DIR, str(self.tls)))
+        self.mtls = BrokerProcess(tmp_path / "mtls-data", "--config", str(mtls_config))
         self.cwd = tmp_path / "cwd"
         self.cwd.mkdir()
 
@@ -59,11 +65,13 @@ class GuideBroker:
 
     def stop(self) -> None:
         self.broker.stop()
+        self.mtls.stop()
 
     def adapt(self, code: str) -> str:
         ports = self.broker.ports
         return (code.replace(TLS_DIR, str(self.tls))
                 .replace("localhost:9092", f"localhost:{self.broker.port}")
+                .replace("localhost:9093", f"localhost:{self.mtls.port}")
                 .replace("localhost:8081", f"localhost:{ports['http_port']}")
                 .replace("localhost:8815", f"localhost:{ports['flight_port']}"))
 
@@ -96,6 +104,8 @@ def test_security_guide_runs_as_written(tmp_path, capsys):
     shell = [b for b in all_blocks if b.mark == "run as shell"]
     assert guide_block("run before the broker starts")
     spark_blocks = [b for b in python if b.mark == "run with spark"]
+    mtls_blocks = [b for b in python if b.mark == "run with the mtls broker"]
+    assert len(mtls_blocks) == 1
     # A worked example for every client the guide promises, so none can be dropped unnoticed.
     code = "\n".join(b.code for b in python + shell)
     for client in ("confluent_kafka import", "aiokafka", "from kafka import", "SchemaRegistryClient",
@@ -116,8 +126,22 @@ def test_security_guide_runs_as_written(tmp_path, capsys):
                 if block in spark_blocks and spark is None:
                     spark = namespace["spark"] = spark_session(tmp_path)
                     spark.sparkContext.setLogLevel("ERROR")
+                if block in mtls_blocks:
+                    guide.mtls.start(timeout=60)
                 exec(compile(guide.adapt(block.code), f"security.md:block{i + 1}", "exec"), namespace)  # noqa: S102
         printed = capsys.readouterr().out
+        # As the guide says: without a client certificate nothing gets through the mTLS listener.
+        tls = {"bootstrap.servers": guide.mtls.bootstrap, "security.protocol": "SSL",
+               "ssl.ca.location": str(guide.tls / "ca.pem"), "log_level": 0}
+        errors: list = []
+        anonymous = Producer({**tls, "message.timeout.ms": 5000, "on_delivery": lambda err, _m: errors.append(err)})
+        anonymous.produce("audit", b"no certificate")
+        anonymous.flush(15)
+        assert len(errors) == 1 and errors[0] is not None
+        check = Consumer({**tls, "group.id": "check", "ssl.certificate.location": str(guide.tls / "alice.pem"),
+                          "ssl.key.location": str(guide.tls / "alice.key")})
+        assert check.get_watermark_offsets(TopicPartition("audit", 0), timeout=15) == (0, 1)
+        check.close()
     finally:
         if spark is not None:
             spark.stop()
