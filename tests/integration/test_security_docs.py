@@ -24,11 +24,14 @@ TLS_DIR = "/etc/fluvial/tls"
 
 
 def tls_files(pki, directory: Path) -> Path:
-    """The test PKI under the guide's file names (ca.pem, server.pem, server.key)."""
+    """The test PKI under the guide's file names (ca.pem, server.pem, server.key, alice.pem, alice.key)."""
     directory.mkdir(parents=True, exist_ok=True)
     shutil.copy(pki.ca, directory / "ca.pem")
     shutil.copy(pki.server.cert, directory / "server.pem")
     shutil.copy(pki.server.key, directory / "server.key")
+    alice = pki.client("alice", pki.ca.parent)
+    shutil.copy(alice.cert, directory / "alice.pem")
+    shutil.copy(alice.key, directory / "alice.key")
     return directory
 
 
@@ -153,7 +156,7 @@ def test_security_guide_runs_as_written(tmp_path, capsys):
     assert "User:alice is not authorized to CREATE" in printed        # the native client's refusal
     assert "\n2\n" in printed and "True" in printed                     # the native client's scans
     assert "200" in printed                                             # Spark's native source
-    assert len(namespace["rows"]) >= 12                                 # Spark's Kafka source read payments
+    assert len(namespace["rows"]) == 12                                 # Spark's Kafka source: all of payments
     shell_out = "\n".join(outputs)
     assert "User:bob" in shell_out and "payments_daily" in shell_out and "2026-01-02" in shell_out
     assert "bob" in outputs[0] and "SCRAM-SHA-512" in outputs[0]       # fluvial user list
