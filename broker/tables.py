@@ -327,6 +327,8 @@ def log_config_for(table_configs: dict[str, str], broker: BrokerConfig) -> LogCo
         index_interval_bytes=get("index.interval.bytes"),
         flush_policy=FlushPolicy(broker.flush_policy),
         flush_interval_ms=broker.flush_interval_ms,
+        compression=table_configs.get("fluvial.storage.compression",
+                                      TOPIC_CONFIGS["fluvial.storage.compression"].default),
     )
 
 

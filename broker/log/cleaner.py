@@ -282,7 +282,7 @@ def _write_cleaned(tablet: LogTablet, segment: LogSegment, end: int, batches: li
                 plain = batch.drop_columns(["_offset"])
                 columns = stats_columns(plain.schema) if columns is None else columns
                 stats = compute_stats(plain, columns)
-            encoded = encode_batch(batch, meta, stats)
+            encoded = encode_batch(batch, meta, stats, compression=tablet.compression_for(batch.schema))
             if schema_message is None:
                 schema_message = encoded.schema_message
                 os.write(fd, schema_message)

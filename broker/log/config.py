@@ -38,3 +38,7 @@ class LogConfig:
     message_timestamp_type: TimestampType = TimestampType.CREATE_TIME
     # Min/max/null count of numeric and temporal user columns, kept with each batch.
     batch_statistics: bool = True
+    # Arrow IPC buffer compression of appended batches: none, lz4, zstd, or auto (zstd for
+    # typed tables, none for a raw table's opaque value bytes). Recorded per batch, so a
+    # change applies to the next append and older batches stay readable.
+    compression: str = "none"

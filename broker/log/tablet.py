@@ -98,7 +98,7 @@ class LogTablet:
         self.appended_bytes = 0
         # Why the tablet is offline after a failed write or fsync; None while healthy.
         self._failure: str | None = None
-        self._schema_cache: tuple[pa.Schema, pa.Schema, tuple[int, ...]] | None = None
+        self._schema_cache: tuple[pa.Schema, pa.Schema, tuple[int, ...], bool] | None = None
         self.leader_epochs: LeaderEpochCache
         # Called with the new segment's base offset after each roll, by the appending thread
         # under the write lock: must be quick and must not raise (e.g. producer-state snapshots).
@@ -303,7 +303,8 @@ class LogTablet:
         count = records.num_rows
         if count == 0:
             raise InvalidRecordError("an appended batch must hold at least one record")
-        stored_schema, stat_columns = self._stored_schema(records.schema)
+        stored_schema, stat_columns, opaque = self._stored_schema(records.schema)
+        compression = self._compression(opaque)
         with self._write_lock:
             self._check_open()
             self.check_online()
@@ -319,7 +320,7 @@ class LogTablet:
             batch = records.add_column(0, OFFSET_FIELD, offsets)
             if not batch.schema.equals(stored_schema, check_metadata=True):
                 batch = pa.RecordBatch.from_arrays([offsets, *records.columns], schema=stored_schema)
-            encoded = encode_batch(batch, filled, stats, schema=stored_schema)
+            encoded = encode_batch(batch, filled, stats, schema=stored_schema, compression=compression)
             view = self._view
             active = view.segments[-1] if view.segments else None
             try:
@@ -390,12 +391,22 @@ class LogTablet:
             if latest is None or epoch > latest:
                 self.leader_epochs.assign(epoch, self.log_end_offset)
 
-    def _stored_schema(self, schema: pa.Schema) -> tuple[pa.Schema, tuple[int, ...]]:
-        """The schema as stored (``_offset`` first) and the input columns that get statistics,
-        checked once per distinct input schema."""
+    def compression_for(self, schema: pa.Schema) -> str:
+        """The storage codec a batch of this schema is written with under the current config."""
+        return self._compression(_opaque_values(schema))
+
+    def _compression(self, opaque: bool) -> str:
+        compression = self.config.compression
+        if compression == "auto":
+            return "none" if opaque else "zstd"
+        return compression
+
+    def _stored_schema(self, schema: pa.Schema) -> tuple[pa.Schema, tuple[int, ...], bool]:
+        """The schema as stored (``_offset`` first), the input columns that get statistics and
+        whether the user data is opaque bytes (a raw table), checked once per distinct input schema."""
         cached = self._schema_cache
         if cached is not None and (cached[0] is schema or cached[0].equals(schema, check_metadata=True)):
-            return cached[1], cached[2]
+            return cached[1], cached[2], cached[3]
         names = schema.names
         if OFFSET_FIELD.name in names:
             raise InvalidRecordError("_offset is assigned by the log, not given")
@@ -404,8 +415,8 @@ class LogTablet:
         if any(pa.types.is_dictionary(t) for t in schema.types):
             raise InvalidRecordError("dictionary-encoded columns are not stored; decode them first")
         stored = schema.insert(0, OFFSET_FIELD)
-        self._schema_cache = (schema, stored, stats_columns(schema))
-        return stored, self._schema_cache[2]
+        self._schema_cache = (schema, stored, stats_columns(schema), _opaque_values(schema))
+        return stored, self._schema_cache[2], self._schema_cache[3]
 
     def _should_roll(self, active: LogSegment, encoded, meta: BatchMeta) -> bool:
         if self._roll_requested:
@@ -808,3 +819,11 @@ def _timestamps_and_offsets(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarr
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _opaque_values(schema: pa.Schema) -> bool:
+    """A raw table's schema: one binary user column (`value`) beside the system columns. Its
+    values are bytes the producer chose (often compressed already, or random), which storage
+    compression would spend CPU on for little gain."""
+    user = [f for f in schema if not f.name.startswith("_")]
+    return len(user) == 1 and (pa.types.is_binary(user[0].type) or pa.types.is_large_binary(user[0].type))
