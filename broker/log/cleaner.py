@@ -134,7 +134,7 @@ def _read_all(segment: LogSegment, columns: list[str] | None = None) -> list[tup
     state = segment.state
     out = []
     for header in segment.headers_from(len(segment.schema_message), state):
-        batch = segment.read_batch(header, state)
+        batch = segment.read_batch(header, state, columns)
         out.append((header.meta, batch.select(columns) if columns else batch))
     return out
 

@@ -293,7 +293,8 @@ class LogSegment:
                 written += n
                 rest = rest[n:]
         batch_position = start + (len(encoded.schema_message) if start == 0 else 0)
-        header = BatchHeader(batch_position, len(encoded.header), encoded.body.size, meta, -1, -1, encoded.stats)
+        header = BatchHeader(batch_position, len(encoded.header), encoded.body.size, meta, -1, -1, encoded.stats,
+                             encoded.compressed)
         self._add_batch(header)
         self._remember(header)
 
@@ -383,5 +384,12 @@ class LogSegment:
             return len(self.schema_message)
         return self.position_for_offset(entry[1])
 
-    def read_batch(self, header: BatchHeader, state: SegmentState) -> pa.RecordBatch:
-        return read_batch(self._mapped(state.size), header, self.read_schema())
+    def read_batch(self, header: BatchHeader, state: SegmentState, columns: list[str] | None = None) -> pa.RecordBatch:
+        """The batch; with ``columns`` a compressed batch decompresses only those (the caller
+        still projects: an uncompressed batch comes whole, zero-copy)."""
+        schema = self.read_schema()
+        if columns is not None and header.compressed:
+            indexes = [schema.get_field_index(c) for c in columns]
+            if all(i >= 0 for i in indexes):
+                return read_batch(self._mapped(state.size), header, schema, indexes, self.schema_message)
+        return read_batch(self._mapped(state.size), header, schema)

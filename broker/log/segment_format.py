@@ -36,8 +36,11 @@ _HEADER_SCHEMA = 1
 _HEADER_RECORD_BATCH = 3
 # Field ids of the Message table.
 _MSG_HEADER_TYPE = 1
+_MSG_HEADER = 2
 _MSG_BODY_LENGTH = 3
 _MSG_CUSTOM_METADATA = 4
+# Field id of RecordBatch.compression (a BodyCompression table, absent when uncompressed).
+_RB_COMPRESSION = 3
 
 _WRITE_OPTIONS = ipc.IpcWriteOptions(use_threads=False)
 
@@ -72,6 +75,7 @@ class BatchHeader:
     crc: int  # -1 (with crc_at) when built by the writer rather than parsed
     crc_at: int  # where the checksum text starts, relative to position
     stats: bytes = b""  # column statistics as stored (statistics.decode_stats reads them)
+    compressed: bool = False  # the column buffers are compressed (the message names a codec)
 
     @property
     def size(self) -> int:
@@ -90,6 +94,7 @@ class EncodedBatch:
     header: bytes
     body: pa.Buffer
     stats: bytes = b""
+    compressed: bool = False
 
     @property
     def size(self) -> int:
@@ -117,7 +122,7 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"",
         encoder = _encoders.get(batch.schema if schema is None else schema, compression)
         encoded = encoder.write(batch, custom)
         if encoded is not None:
-            return _checksummed(encoder.schema_message, encoded, stats)
+            return _checksummed(encoder.schema_message, encoded, stats, compression != "none")
     sink = pa.BufferOutputStream()
     writer = ipc.new_stream(sink, batch.schema, options=options)
     writer.write_batch(batch, custom_metadata=custom)
@@ -125,10 +130,10 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"",
     # buffer ends exactly where the batch body ends.
     data = sink.getvalue()
     schema_length = 8 + _PREFIX.unpack_from(data, 0)[1]
-    return _checksummed(data[:schema_length].to_pybytes(), data.slice(schema_length), stats)
+    return _checksummed(data[:schema_length].to_pybytes(), data.slice(schema_length), stats, compression != "none")
 
 
-def _checksummed(schema_message: bytes, message: pa.Buffer, stats: bytes) -> EncodedBatch:
+def _checksummed(schema_message: bytes, message: pa.Buffer, stats: bytes, compressed: bool) -> EncodedBatch:
     """Split a batch message into header and body and fill in its checksum."""
     header_length = 8 + _PREFIX.unpack_from(message, 0)[1]
     header = bytearray(message[:header_length])
@@ -141,7 +146,7 @@ def _checksummed(schema_message: bytes, message: pa.Buffer, stats: bytes) -> Enc
     crc = crc32c.crc32c(header, schema_checksum(schema_message))
     crc = crc32c.crc32c(body, crc)
     header[crc_at : crc_at + 8] = b"%08x" % crc
-    return EncodedBatch(schema_message, bytes(header), body, stats)
+    return EncodedBatch(schema_message, bytes(header), body, stats, compressed)
 
 
 # Small batches (many small producers) are written by a stream writer kept per schema and
@@ -279,9 +284,14 @@ def parse_batch_header(view: memoryview, position: int, limit: int) -> BatchHead
         batch_meta = BatchMeta.decode(bytes(meta[meta_start:meta_end]))
     except ValueError as exc:
         raise SegmentFormatError(f"bad batch metadata: {exc}") from exc
+    try:
+        header_pos = _field(meta, root, _MSG_HEADER)
+        compressed = header_pos is not None and _field(meta, _deref(meta, header_pos), _RB_COMPRESSION) is not None
+    except (struct.error, IndexError):
+        compressed = False  # a damaged header: the checksum, checked by the caller, fails
     stats_start, stats_end = kv.get(STATS_KEY, (0, 0))
     stats = bytes(meta[stats_start:stats_end])
-    return BatchHeader(position, header_length, body_length, batch_meta, crc, 8 + crc_start, stats)
+    return BatchHeader(position, header_length, body_length, batch_meta, crc, 8 + crc_start, stats, compressed)
 
 
 def checksum_matches(view: memoryview, header: BatchHeader, schema_crc: int) -> bool:
@@ -294,11 +304,23 @@ def checksum_matches(view: memoryview, header: BatchHeader, schema_crc: int) -> 
     return crc == header.crc
 
 
-def read_batch(data: pa.Buffer, header: BatchHeader, schema: pa.Schema) -> pa.RecordBatch:
+def read_batch(data: pa.Buffer, header: BatchHeader, schema: pa.Schema,
+               columns: list[int] | None = None, schema_message: bytes = b"") -> pa.RecordBatch:
     """Zero-copy for an uncompressed batch: its column buffers are slices of ``data`` (a
-    memory map); a compressed batch's buffers are decompressed into new memory."""
-    message = ipc.read_message(data.slice(header.position, header.size))
-    return ipc.read_record_batch(message, schema)
+    memory map); a compressed batch's buffers are decompressed into new memory.
+
+    ``columns`` (indexes into ``schema``, with ``schema_message``): of a compressed batch only
+    these columns are decompressed, and only they are in the result. An uncompressed batch
+    is read whole (it costs nothing) and the caller projects it."""
+    message = data.slice(header.position, header.size)
+    if columns is not None and header.compressed and schema_message:
+        # pyarrow reads a subset of fields only through a stream reader, so the batch goes
+        # behind its schema message: a copy of the compressed bytes, less than decompressing
+        # the columns not asked for.
+        stream = pa.py_buffer(schema_message + message.to_pybytes())
+        options = ipc.IpcReadOptions(included_fields=sorted(set(columns)), use_threads=False)
+        return ipc.open_stream(stream, options=options).read_next_batch()
+    return ipc.read_record_batch(ipc.read_message(message), schema)
 
 
 def _message_length(view: memoryview, position: int, limit: int | None = None) -> int:

@@ -529,7 +529,7 @@ class LogTablet:
                         continue
                     if meta.base_offset >= limit:
                         return result
-                    batch = segment.read_batch(header, state)
+                    batch = segment.read_batch(header, state, columns)
                     if columns is not None:
                         batch = _project(batch, columns)
                         size = batch.get_total_buffer_size()
@@ -585,7 +585,7 @@ class LogTablet:
                 meta = header.meta
                 if meta.max_timestamp < timestamp_ms or meta.next_offset <= log_start:
                     continue
-                batch = segment.read_batch(header, state)
+                batch = segment.read_batch(header, state, _TIME_COLUMNS)
                 timestamps, offsets = _timestamps_and_offsets(batch)
                 hits = np.flatnonzero((timestamps >= timestamp_ms) & (offsets >= log_start))
                 if len(hits):
@@ -613,7 +613,7 @@ class LogTablet:
             meta = header.meta
             if meta.next_offset <= log_start or (best is not None and meta.max_timestamp <= best[1]):
                 continue
-            timestamps, offsets = _timestamps_and_offsets(segment.read_batch(header, state))
+            timestamps, offsets = _timestamps_and_offsets(segment.read_batch(header, state, _TIME_COLUMNS))
             if not len(timestamps):
                 continue  # a batch log compaction emptied
             timestamps = np.where(offsets >= log_start, timestamps, np.iinfo(np.int64).min)
@@ -810,6 +810,9 @@ def _as_int64(timestamps: pa.Array) -> np.ndarray:
     if timestamps.null_count:
         timestamps = pc.fill_null(timestamps, pa.scalar(-1, pa.int64()).cast(timestamps.type))
     return timestamps.view(pa.int64()).to_numpy()
+
+
+_TIME_COLUMNS = [OFFSET_FIELD.name, TIMESTAMP_COLUMN]
 
 
 def _timestamps_and_offsets(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:

@@ -113,3 +113,23 @@ def test_compaction_writes_cleaned_batches_with_the_table_codec(tmp_path):
     assert dict(zip(after.column("_key").to_pylist(), after.column("value").to_pylist())) == latest
     assert after.equals(all_rows(plain))
     assert tablet.size_bytes < plain.size_bytes / 2
+
+
+def test_projection_of_compressed_batches_decompresses_only_the_columns_asked_for(tmp_path):
+    tablet = open_tablet(tmp_path, compression="zstd")
+    for i in range(10):
+        tablet.append(records(1000, value_size=500, tag=i), meta())
+    tablet.close()
+
+    tablet = open_tablet(tmp_path, compression="zstd")
+    allocated_before = pa.total_allocated_bytes()
+    stored = tablet.read(0, 1 << 30, columns=["amount", "_offset"])
+    allocated = pa.total_allocated_bytes() - allocated_before
+
+    assert [s.batch.schema.names for s in stored] == [["amount", "_offset"]] * 10
+    assert pa.concat_arrays([s.batch.column("amount") for s in stored]).to_pylist() == [
+        i * 1000 + j for i in range(10) for j in range(1000)]
+    # Two int64 columns of 10,000 rows decompressed (160 KB), not the 5 MB of values.
+    assert allocated < 400_000
+    assert tablet.offset_for_timestamp(1_700_000_000_500) == (500, 1_700_000_000_500)
+    assert tablet.max_timestamp() == (999, 1_700_000_000_999)
