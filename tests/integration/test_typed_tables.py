@@ -213,3 +213,40 @@ def test_schema_evolution(broker, topic_name):
     assert [m.value() for m in got] == sent  # each record with its own writer schema
     de = AvroDeserializer(sr)
     assert [de(m.value(), ctx)["id"] for m in got] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+
+def test_storage_compression_changes_keep_every_record_byte_identical(broker, topic_name):
+    """Typed columns are stored zstd-compressed by default; altering fluvial.storage.compression
+    applies to later appends, and batches of every codec come back as the same Avro bytes."""
+    from confluent_kafka.admin import ConfigResource
+
+    sr = SchemaRegistryClient({"url": broker.http_url})
+    ser = AvroSerializer(sr, json.dumps(SCHEMA20))
+    ctx = SerializationContext(topic_name, MessageField.VALUE)
+    rng = random.Random(5)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    payloads: list[bytes] = []
+    sizes = {}
+    for codec in ("auto", "none", "lz4"):
+        if codec != "auto":
+            resource = ConfigResource("topic", topic_name, set_config={"fluvial.storage.compression": codec})
+            for future in admin.alter_configs([resource]).values():
+                future.result(30)
+        part = [ser(make_record(rng, i), ctx) for i in range(2000)]
+        p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 50})
+        for v in part:
+            p.produce(topic_name, value=v, partition=0)
+        assert p.flush(60) == 0
+        payloads += part
+        sizes[codec] = sum(f.stat().st_size for f in (broker.data_dir / "log" / f"{topic_name}-0").glob("*.arrows"))
+
+    got = consume(broker.bootstrap, topic_name, len(payloads))
+    assert [m.value() for m in got] == payloads
+    # The uncompressed third took more disk than the zstd third before it.
+    assert sizes["none"] - sizes["auto"] > 1.3 * sizes["auto"]
+    assert len(segment_tables(broker, topic_name)) == len(payloads)
+
+    resource = ConfigResource("topic", topic_name, set_config={"fluvial.storage.compression": "brotli"})
+    with pytest.raises(Exception, match="fluvial.storage.compression|INVALID_CONFIG|nvalid"):
+        for future in admin.alter_configs([resource]).values():
+            future.result(30)

@@ -1,0 +1,100 @@
+"""Where a Fluvial broker's time goes while confluent-kafka produces 20-field Avro records
+into a typed table (the produce-avro workload's typed case), sampled with py-spy.
+
+One broker (`--flush-policy`, default the broker's own), one typed table, `--records`
+records of about `--size` bytes produced as fast as the client goes; py-spy samples every
+thread holding the GIL (`--gil --format raw`: where the interpreter's time goes, the
+limit of one broker process) for `--sample-s` seconds from one second after the first
+send. Saves the inclusive share of each function over those samples with the load average to `results/profile-typed-produce-<size>.json`; the raw py-spy output stays in
+`benchmarks/.cache/`.
+
+    python -m benchmarks.profile_typed_produce [--size 200|1000] [--records 400000]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from benchmarks import clients, machine
+from benchmarks.brokers import FLUVIAL_DEFAULT, FLUVIAL_FLUSH_NONE, make_workdir, remove_workdir, start_system
+from benchmarks.workloads.avro_common import avro_values, produce_values, register_value_schema
+
+# Frames that mean a thread is waiting, not working.
+_IDLE = re.compile(r"\b(select|poll|epoll_wait|wait|_wait_for_tstate_lock|acquire|get|_worker|sleep)\b \(")
+
+
+def busy_shares(raw: str) -> tuple[int, dict[str, float]]:
+    """Inclusive share of each function over the samples whose innermost frame is not a wait."""
+    inclusive: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.splitlines():
+        if not line.startswith("thread"):
+            continue
+        stack, count = line.rsplit(" ", 1)
+        frames = stack.split(";")[1:]
+        if not frames or _IDLE.search(frames[-1]):
+            continue
+        n = int(count)
+        total += n
+        for name in {re.sub(r" \((.*?):\d+\)", r" (\1)", f) for f in frames}:
+            inclusive[name] += n
+    return total, {name: n / total for name, n in inclusive.items()} if total else {}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=int, default=200, choices=(200, 1000))
+    p.add_argument("--records", type=int, default=300_000)
+    p.add_argument("--sample-s", type=float, default=3)
+    p.add_argument("--flush-policy", choices=("ack", "none"), default="ack")
+    args = p.parse_args()
+    cache = Path(__file__).parent / ".cache"
+    cache.mkdir(exist_ok=True)
+    raw_path = cache / f"profile-typed-produce-{args.size}.txt"
+    out = Path(__file__).parent / "results" / f"profile-typed-produce-{args.size}.json"
+    data = avro_values(args.size, args.records)
+    load_before = os.getloadavg()
+    workdir = make_workdir()
+    broker = start_system(FLUVIAL_DEFAULT if args.flush_policy == "ack" else FLUVIAL_FLUSH_NONE, workdir)
+    try:
+        topic = clients.unique_name("profile-typed")
+        values = data.framed_for(register_value_schema(broker, topic))
+        clients.create_topic(broker.bootstrap, topic, 1)
+
+        def sample() -> None:
+            time.sleep(1.0)
+            subprocess.run(["py-spy", "record", "--pid", str(broker.pid), "--format", "raw", "--threads", "--gil",
+                            "-r", "100", "-d", str(int(args.sample_s)), "-o", str(raw_path), "--nonblocking"],
+                           check=True, capture_output=True)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        figures = produce_values(broker.bootstrap, topic, values, 300).figures()
+        sampler.join()
+    finally:
+        broker.stop()
+        remove_workdir(workdir)
+    total, shares = busy_shares(raw_path.read_text())
+    top = sorted(shares.items(), key=lambda kv: -kv[1])[:45]
+    result = {
+        "workload": "profile-typed-produce", "machine": machine.describe(),
+        "settings": {"size": args.size, "records": args.records, "flush_policy": args.flush_policy,
+                     "sample_s": args.sample_s, "mean_value_bytes": round(data.mean_size, 1)},
+        "produce": figures, "busy_samples": total,
+        "top_inclusive_pct": {name: round(100 * share, 1) for name, share in top},
+        "loadavg_before": load_before, "loadavg": os.getloadavg(),
+    }
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["top_inclusive_pct"], indent=1))
+    print(f"{figures}\nsaved {out}")
+
+
+if __name__ == "__main__":
+    main()
