@@ -66,6 +66,8 @@ def add_broker_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--group-consumer-assignors", default=d.group_consumer_assignors,
                    help="server-side assignors of consumer groups, the first is the default (uniform,range)")
     p.add_argument("--offsets-retention-minutes", type=int, default=d.offsets_retention_minutes)
+    p.add_argument("--transaction-max-timeout-ms", type=int, default=d.transaction_max_timeout_ms)
+    p.add_argument("--transactional-id-expiration-ms", type=int, default=d.transactional_id_expiration_ms)
     p.add_argument("--lake-catalog-option", action="append", default=[], metavar="K=V",
                    help="pyiceberg catalog property of the lake (repeatable), e.g. type=rest, uri=...; "
                         "default: an SQLite catalog and a warehouse folder under <data-dir>/lake")
@@ -114,6 +116,8 @@ def config_from_args(args, parser: argparse.ArgumentParser | None = None) -> Bro
                         group_consumer_heartbeat_interval_ms=args.group_consumer_heartbeat_interval_ms,
                         group_consumer_assignors=args.group_consumer_assignors,
                         offsets_retention_minutes=args.offsets_retention_minutes,
+                        transaction_max_timeout_ms=args.transaction_max_timeout_ms,
+                        transactional_id_expiration_ms=args.transactional_id_expiration_ms,
                         lake_catalog_options=key_values(args.lake_catalog_option, "--lake-catalog-option"),
                         lake_tiering=args.lake_tiering, lake_lease_ms=args.lake_lease_ms,
                         object_store_url=args.object_store,

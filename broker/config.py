@@ -52,6 +52,9 @@ class BrokerConfig:
     group_consumer_heartbeat_interval_ms: int = 5_000
     group_consumer_assignors: str = "uniform,range"
     offsets_retention_minutes: int = 7 * 24 * 60
+    # Transactions (Kafka's transaction.max.timeout.ms and transactional.id.expiration.ms).
+    transaction_max_timeout_ms: int = 900_000
+    transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
     # Lake tiering: pyiceberg catalog properties (empty: the embedded SQLite catalog under
     # the data dir), whether the broker tiers lake tables itself, and a job's lease.
     lake_catalog_options: dict[str, str] = field(default_factory=dict)

@@ -42,7 +42,8 @@ async def start_transactions(broker) -> None:
     broker.extensions["txn_pk"] = PendingPkWrites(broker.io_executor, broker.cpu_executor)
     ids = broker.extensions["producer_ids"]
     coordinator = TransactionCoordinator(broker, broker.store, index,
-                                         max_timeout_ms=ids.max_transaction_timeout_ms)
+                                         max_timeout_ms=broker.config.transaction_max_timeout_ms,
+                                         id_expiration_ms=broker.config.transactional_id_expiration_ms)
     broker.extensions["transactions"] = coordinator
     broker.extensions["transactions_expiry"] = asyncio.get_running_loop().create_task(
         _recover_and_expire(broker, coordinator))

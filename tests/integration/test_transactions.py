@@ -248,8 +248,13 @@ def test_kill9_mid_transaction_and_mid_commit(fresh_broker, monkeypatch):
     """Rounds of: a commit killed after its prepare or after its first marker (completed after
     restart), and an open transaction killed before its commit (aborted by its timeout)."""
     from confluent_kafka import KafkaException
-    b = fresh_broker()
+    b = fresh_broker("--transaction-max-timeout-ms", "60000")
     topic = "txcrash"
+    c = RawClient(b.bootstrap)
+    r = c.request(ApiKey.INIT_PRODUCER_ID, 4, dict(transactional_id="long", transaction_timeout_ms=60001,
+                                                   producer_id=-1, producer_epoch=-1))
+    assert r.error_code == ErrorCode.INVALID_TRANSACTION_TIMEOUT   # transaction.max.timeout.ms
+    c.close()
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(10)
     rounds = [("commit-prepared", 0), ("commit-marker", 1), ("commit-marker", 2)]
