@@ -59,10 +59,19 @@ def schema_with_field_ids(schema: pa.Schema) -> pa.Schema:
                       for i, f in enumerate(schema)], metadata=schema.metadata)
 
 
-def bucket_offsets(table: Table) -> list[dict]:
-    # The log start is the first offset a scan can read: the remote log's, when data is tiered.
+def bucket_offsets(table: Table, txn_index=None) -> list[dict]:
+    """The log start is the first offset a scan can read: the remote log's, when data is
+    tiered. The end given is what a read_committed scan (the default) reads up to: the last
+    stable offset when a Kafka transaction is open in the bucket, else the high watermark;
+    so readers that plan ranges (Spark) never step over rows of a transaction still open."""
     return [{"bucket": b.index, "log_start": getattr(b, "source", b).log_start_offset,
-             "high_watermark": b.tablet.high_watermark} for b in table.buckets]
+             "high_watermark": _readable_end(b, txn_index)} for b in table.buckets]
+
+
+def _readable_end(bucket, txn_index) -> int:
+    hwm = bucket.tablet.high_watermark
+    state = txn_index.get(bucket) if txn_index is not None else None
+    return hwm if state is None else state.last_stable_offset(hwm)
 
 
 def describe(table: Table) -> dict:

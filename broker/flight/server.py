@@ -155,7 +155,7 @@ class TableFlightServer(flight.FlightServerBase):
         elif kind == DESCRIBE:
             result = catalog.describe(self._table(_name(body)))
         elif kind == OFFSETS:
-            result = catalog.bucket_offsets(self._table(_name(body)))
+            result = catalog.bucket_offsets(self._table(_name(body)), self.broker.extensions.get("txn_index"))
         elif kind == CREATE_TABLE:
             schema = schema_from_b64(body["schema"]) if body.get("schema") else None
             table = self._on_loop(catalog.create_table, self.broker, _name(body), schema,
