@@ -65,6 +65,13 @@ def add_broker_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--group-consumer-heartbeat-interval-ms", type=int, default=d.group_consumer_heartbeat_interval_ms)
     p.add_argument("--group-consumer-assignors", default=d.group_consumer_assignors,
                    help="server-side assignors of consumer groups, the first is the default (uniform,range)")
+    p.add_argument("--group-share-session-timeout-ms", type=int, default=d.group_share_session_timeout_ms)
+    p.add_argument("--group-share-heartbeat-interval-ms", type=int, default=d.group_share_heartbeat_interval_ms)
+    p.add_argument("--group-share-record-lock-duration-ms", type=int,
+                   default=d.group_share_record_lock_duration_ms)
+    p.add_argument("--group-share-delivery-count-limit", type=int, default=d.group_share_delivery_count_limit)
+    p.add_argument("--share-auto-offset-reset", choices=("latest", "earliest"), default=d.share_auto_offset_reset,
+                   help="where a share group starts reading a partition it has not read before")
     p.add_argument("--offsets-retention-minutes", type=int, default=d.offsets_retention_minutes)
     p.add_argument("--transaction-max-timeout-ms", type=int, default=d.transaction_max_timeout_ms)
     p.add_argument("--transactional-id-expiration-ms", type=int, default=d.transactional_id_expiration_ms)
@@ -115,6 +122,11 @@ def config_from_args(args, parser: argparse.ArgumentParser | None = None) -> Bro
                         group_consumer_session_timeout_ms=args.group_consumer_session_timeout_ms,
                         group_consumer_heartbeat_interval_ms=args.group_consumer_heartbeat_interval_ms,
                         group_consumer_assignors=args.group_consumer_assignors,
+                        group_share_session_timeout_ms=args.group_share_session_timeout_ms,
+                        group_share_heartbeat_interval_ms=args.group_share_heartbeat_interval_ms,
+                        group_share_record_lock_duration_ms=args.group_share_record_lock_duration_ms,
+                        group_share_delivery_count_limit=args.group_share_delivery_count_limit,
+                        share_auto_offset_reset=args.share_auto_offset_reset,
                         offsets_retention_minutes=args.offsets_retention_minutes,
                         transaction_max_timeout_ms=args.transaction_max_timeout_ms,
                         transactional_id_expiration_ms=args.transactional_id_expiration_ms,

@@ -51,6 +51,13 @@ class BrokerConfig:
     group_consumer_session_timeout_ms: int = 45_000
     group_consumer_heartbeat_interval_ms: int = 5_000
     group_consumer_assignors: str = "uniform,range"
+    # Share groups (KIP-932): group.share.* settings; share.auto.offset.reset is a per-group
+    # config in Kafka, here the broker's default for every share group.
+    group_share_session_timeout_ms: int = 45_000
+    group_share_heartbeat_interval_ms: int = 5_000
+    group_share_record_lock_duration_ms: int = 30_000
+    group_share_delivery_count_limit: int = 5
+    share_auto_offset_reset: str = "latest"
     offsets_retention_minutes: int = 7 * 24 * 60
     # Transactions (Kafka's transaction.max.timeout.ms and transactional.id.expiration.ms).
     transaction_max_timeout_ms: int = 900_000

@@ -64,6 +64,10 @@ class ApiKey(IntEnum):
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
     DESCRIBE_TOPIC_PARTITIONS = 75
+    SHARE_GROUP_HEARTBEAT = 76
+    SHARE_GROUP_DESCRIBE = 77
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79
 
 
 def _define_own_messages() -> None:
@@ -79,6 +83,10 @@ def _define_own_messages() -> None:
 _OWN_MESSAGES = (
     "ConsumerGroupHeartbeatRequest", "ConsumerGroupHeartbeatResponse",
     "ConsumerGroupDescribeRequest", "ConsumerGroupDescribeResponse",
+    "ShareGroupHeartbeatRequest", "ShareGroupHeartbeatResponse",
+    "ShareGroupDescribeRequest", "ShareGroupDescribeResponse",
+    "ShareFetchRequest", "ShareFetchResponse",
+    "ShareAcknowledgeRequest", "ShareAcknowledgeResponse",
 )
 _OWN_CLASSES: dict[str, type[ApiMessage]] = {}
 

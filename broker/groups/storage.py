@@ -39,6 +39,17 @@ CREATE TABLE IF NOT EXISTS consumer_groups (
     group_id TEXT PRIMARY KEY,
     state TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS share_groups (
+    group_id TEXT PRIMARY KEY,
+    state TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS share_partitions (
+    group_id TEXT NOT NULL,
+    topic_id TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    PRIMARY KEY (group_id, topic_id, partition)
+);
 """
 
 _UPSERT_OFFSET = (
@@ -178,6 +189,13 @@ class GroupStorage:
         """KIP-848 groups: group id -> the group's state as JSON (see consumer_group.py)."""
         return {row["group_id"]: row["state"] for row in self._store.query("SELECT * FROM consumer_groups")}
 
+    def load_share_groups(self) -> dict[str, str]:
+        return {row["group_id"]: row["state"] for row in self._store.query("SELECT * FROM share_groups")}
+
+    def load_share_partitions(self) -> dict[tuple[str, str, int], str]:
+        return {(row["group_id"], row["topic_id"], row["partition"]): row["state"]
+                for row in self._store.query("SELECT * FROM share_partitions")}
+
     # -- statements --------------------------------------------------------------------
 
     @staticmethod
@@ -206,6 +224,17 @@ class GroupStorage:
     @staticmethod
     def consumer_group_upsert(group_id: str, state: str) -> Statement:
         return (_UPSERT_CONSUMER_GROUP, (group_id, state))
+
+    @staticmethod
+    def share_group_upsert(group_id: str, state: str) -> Statement:
+        return ("INSERT INTO share_groups (group_id, state) VALUES (?, ?)"
+                " ON CONFLICT (group_id) DO UPDATE SET state = excluded.state", (group_id, state))
+
+    @staticmethod
+    def share_partition_upsert(group_id: str, topic_id: str, partition: int, state: str) -> Statement:
+        return ("INSERT INTO share_partitions (group_id, topic_id, partition, state) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (group_id, topic_id, partition) DO UPDATE SET state = excluded.state",
+                (group_id, topic_id, partition, state))
 
     @staticmethod
     def consumer_group_delete(group_id: str) -> Statement:

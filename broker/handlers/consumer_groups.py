@@ -47,6 +47,8 @@ async def consumer_group_heartbeat(ctx: RequestContext, request):
     names = request.subscribed_topic_names
     if names and any(not allowed(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, n) for n in names):
         return refuse(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed.")
+    if ctx.broker.extensions["share_groups"].owns(request.group_id):
+        return refuse(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {request.group_id} is not a consumer group.")
     result = await consumer_groups(ctx).heartbeat(HeartbeatRequest(
         group_id=request.group_id, member_id=request.member_id, member_epoch=request.member_epoch,
         instance_id=request.instance_id, rack_id=request.rack_id,

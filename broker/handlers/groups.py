@@ -11,6 +11,7 @@ from fluvial.broker.authorization import allowed, allowed_on_cluster, group_oper
 from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.groups import GroupConfig, GroupCoordinator, GroupStorage
 from fluvial.broker.groups.consumer_coordinator import ConsumerGroupCoordinator, ConsumerGroupSettings
+from fluvial.broker.groups.share_coordinator import ShareGroupCoordinator, ShareGroupSettings
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
@@ -62,12 +63,28 @@ async def start_group_coordinator(broker) -> None:
         heartbeat_interval_ms=cfg.group_consumer_heartbeat_interval_ms,
         assignors=tuple(a.strip() for a in cfg.group_consumer_assignors.split(",") if a.strip())))
     await modern.start()
+
+    def other_kind(group_id: str) -> bool:
+        classic = coord.group(group_id)
+        return modern.owns(group_id) or (classic is not None and bool(classic.members))
+
+    share = ShareGroupCoordinator(storage, topic_catalog, other_kind, ShareGroupSettings(
+        session_timeout_ms=cfg.group_share_session_timeout_ms,
+        heartbeat_interval_ms=cfg.group_share_heartbeat_interval_ms,
+        record_lock_duration_ms=cfg.group_share_record_lock_duration_ms,
+        delivery_count_limit=cfg.group_share_delivery_count_limit,
+        auto_offset_reset=cfg.share_auto_offset_reset))
+    await share.start()
     broker.extensions["groups"] = coord
     broker.extensions["consumer_groups"] = modern
+    broker.extensions["share_groups"] = share
 
 
 @on_stop
 async def stop_group_coordinator(broker) -> None:
+    share = broker.extensions.pop("share_groups", None)
+    if share is not None:
+        await share.close()
     modern = broker.extensions.pop("consumer_groups", None)
     if modern is not None:
         await modern.close()
@@ -131,8 +148,10 @@ async def find_coordinator(ctx: RequestContext, request):
 
 @handles(ApiKey.JOIN_GROUP, 0, 9)
 async def join_group(ctx: RequestContext, request):
-    if not _group_allowed(ctx, AclOperation.READ, request.group_id):
-        return ctx.response(throttle_time_ms=0, error_code=_GROUP_DENIED, generation_id=-1,
+    share_group = ctx.broker.extensions["share_groups"].owns(request.group_id)
+    if share_group or not _group_allowed(ctx, AclOperation.READ, request.group_id):
+        return ctx.response(throttle_time_ms=0, error_code=ErrorCode.INCONSISTENT_GROUP_PROTOCOL if share_group
+                            else _GROUP_DENIED, generation_id=-1,
                             protocol_type=None, protocol_name=None if ctx.version >= 7 else "", leader="",
                             skip_assignment=False, member_id=request.member_id, members=[])
     result = await coordinator(ctx).join_group(
@@ -255,6 +274,9 @@ async def list_groups(ctx: RequestContext, request):
     if types is None or "consumer" in {t.lower() for t in types}:
         listed += [(group_id, "consumer", state, "consumer") for group_id, state in modern.listings()
                    if wanted_states is None or state.lower() in wanted_states]
+    if types is None or "share" in {t.lower() for t in types}:
+        listed += [(group_id, "share", state, "share") for group_id, state in ctx.broker.extensions[
+            "share_groups"].listings() if wanted_states is None or state.lower() in wanted_states]
     if ctx.broker.authorizer.enabled and not allowed_on_cluster(ctx, AclOperation.DESCRIBE):
         # Without DESCRIBE on the cluster, only the groups the principal may describe.
         listed = [g for g in listed if _group_allowed(ctx, AclOperation.DESCRIBE, g[0])]
