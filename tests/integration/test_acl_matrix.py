@@ -156,7 +156,7 @@ def metadata(c: WireClient, topics: list[str] | None, create: bool = False):
 def test_every_served_api_is_in_the_matrix():
     """A new API added to the broker must get its row here (and its check in its handler)."""
     covered = {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 29, 30, 31, 32, 33, 35, 36,
-               37, 42, 44, 47, 48, 50, 51, 60, 68, 69, 75}  # 48 DescribeClientQuotas: test_kafka_tls.py
+               37, 42, 44, 47, 48, 50, 51, 60, 68, 69, 75, 76, 77, 78, 79}  # 48 DescribeClientQuotas: test_kafka_tls.py
     handlers.load_all()
     assert set(handlers.supported_versions()) <= covered
 
@@ -551,3 +551,41 @@ def test_consumer_groups(secured):
         assert describe(bob).error_code == GROUP_DENIED
         d = describe(alice)
         assert d.error_code == NONE and [m.member_id for m in d.members] == ["m-1"]
+
+
+def test_share_groups(secured):
+    """KIP-932: heartbeat, fetch and acknowledge need READ on the group (and DESCRIBE on the
+    subscribed topics, READ on fetched ones); ShareGroupDescribe needs DESCRIBE on the group."""
+    g = "g.share"
+    SF = R[ApiKey.SHARE_FETCH]
+
+    def beat(c, topics):
+        return c.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, dict(group_id=g, member_id="s-1", member_epoch=0,
+                                                               rack_id=None, subscribed_topic_names=topics))
+
+    def fetch(c, topic_id):
+        r = c.request(ApiKey.SHARE_FETCH, 2, dict(
+            group_id=g, member_id="s-1", share_session_epoch=0, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20,
+            max_records=10, batch_size=10, share_acquire_mode=0, is_renew_ack=False,
+            topics=[SF.FetchTopic(topic_id=topic_id, partitions=[SF.FetchTopic.FetchPartition(
+                partition_index=0, partition_max_bytes=0, acknowledgement_batches=[])])], forgotten_topics_data=[]))
+        return r.error_code, [p.error_code for t in r.responses for p in t.partitions]
+
+    def describe(c):
+        return c.request(ApiKey.SHARE_GROUP_DESCRIBE, 1, dict(group_ids=[g],
+                                                              include_authorized_operations=False)).groups[0]
+
+    with wire(secured, "alice") as alice, wire(secured, "bob") as bob, wire(secured, "admin") as admin:
+        assert beat(bob, ["m.visible"]).error_code == GROUP_DENIED
+        assert describe(admin).error_code == 69
+        assert beat(alice, ["m.t1", "other.topic"]).error_code == TOPIC_DENIED
+        joined = beat(alice, ["m.t1"])
+        assert joined.error_code == NONE
+        topic_id = joined.assignment.topic_partitions[0].topic_id
+        assert fetch(bob, topic_id)[0] == GROUP_DENIED
+        assert fetch(alice, topic_id) == (NONE, [])
+        assert bob.request(ApiKey.SHARE_ACKNOWLEDGE, 2, dict(
+            group_id=g, member_id="s-1", share_session_epoch=1, is_renew_ack=False, topics=[])).error_code \
+            == GROUP_DENIED
+        assert describe(bob).error_code == GROUP_DENIED
+        assert describe(alice).error_code == NONE
