@@ -377,3 +377,42 @@ def test_primary_key_table_applies_only_committed_transactions(fresh_broker, top
     balances = [de(m.value(), ctx)["balance"] for m in changelog if m.value() is not None]
     assert 999 not in balances and 30 not in balances and 40 not in balances
     assert 11 in balances and 50 in balances
+
+
+def test_index_survives_restart_and_deleted_records_and_ids_expire(fresh_broker, topic_name):
+    """The aborted-transaction index is rebuilt after kill -9, also once records before it are
+    deleted; an idle transactional id is forgotten after transactional.id.expiration.ms."""
+    import time as _time
+    from confluent_kafka import TopicPartition as TP
+
+    b = fresh_broker("--transactional-id-expiration-ms", "3000")
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(10)
+    p = _producer(b.bootstrap, "expiring")
+    p.init_transactions(15)
+    for label, commit in (("old", True), ("ab1", False), ("mid", True), ("ab2", False), ("new", True)):
+        p.begin_transaction()
+        for i in range(3):
+            p.produce(topic_name, value=f"{label}-{i}".encode())
+        p.flush(10)
+        (p.commit_transaction if commit else p.abort_transaction)(15)
+    c = RawClient(b.bootstrap)
+    assert c.request(ApiKey.DESCRIBE_TRANSACTIONS, 0, dict(transactional_ids=["expiring"])
+                     ).transaction_states[0].error_code == 0   # idle for less than the expiration
+    c.close()
+    # Delete the first committed and the first aborted transaction's records (offsets 0-7).
+    admin.delete_records([TP(topic_name, 0, 8)])[TP(topic_name, 0, 8)].result(10)
+    b.kill9()
+    b.start()
+    values = _consume(b.bootstrap, topic_name, "read_committed", expect=6)
+    assert values == [b"mid-0", b"mid-1", b"mid-2", b"new-0", b"new-1", b"new-2"]
+    assert b"ab2-0" in _consume(b.bootstrap, topic_name, "read_uncommitted", expect=9)
+    c = RawClient(b.bootstrap)
+    deadline = _time.monotonic() + 15
+    while _time.monotonic() < deadline:
+        state = c.request(ApiKey.DESCRIBE_TRANSACTIONS, 0, dict(transactional_ids=["expiring"])).transaction_states[0]
+        if state.error_code == ErrorCode.TRANSACTIONAL_ID_NOT_FOUND:
+            break
+        _time.sleep(0.5)
+    assert state.error_code == ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
+    c.close()
