@@ -5,15 +5,19 @@ primary-key table (id int64 key, name string, amount double, updated timestamp).
 the native client it is filled with upserts of `--batch` rows, each batch 80% new keys and
 20% updates of keys already written, until `--keys` keys exist; then batched lookups of
 1,000 random keys, then single-key lookups one after another (p50/p99 latency). Loopback,
-wall clock, client and broker on the same machine. Saves benchmarks/results/pk.json.
+wall clock, client and broker on the same machine. The same operations are then done
+straight on rocksdict (same options, keys and values encoded beforehand) as the physical
+reference. Saves benchmarks/results/pk.json; `--profile DIR` samples the broker with py-spy.
 
-    python -m benchmarks.bench_pk [--keys 1000000] [--batch 50000] [--buckets 2]
+    python -m benchmarks.bench_pk [--keys 1000000] [--batch 50000] [--buckets 2] [--rounds 3] [--profile DIR]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +42,96 @@ def rows(rng: np.random.Generator, ids: np.ndarray) -> pa.Table:
                     schema=SCHEMA)
 
 
+def _profiler(pid: int, out: Path | None):
+    """py-spy sampling the broker (collapsed stacks, GIL-holding threads) while a phase runs."""
+    if out is None:
+        return None
+    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--format", "raw", "--gil", "--rate", "200",
+                             "--output", str(out), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop(proc) -> None:
+    if proc is not None:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+
+
+def _top(raw: Path, n: int = 12) -> list[tuple[str, float]]:
+    """The functions with the most samples anywhere on the stack (inclusive share)."""
+    total, counts = 0, {}
+    for line in raw.read_text().splitlines():
+        stack, _, c = line.rpartition(" ")
+        c = int(c)
+        total += c
+        for frame in set(stack.split(";")):
+            counts[frame] = counts.get(frame, 0) + c
+    return [(f, round(100 * c / max(total, 1), 1)) for f, c in sorted(counts.items(), key=lambda x: -x[1])[:n]]
+
+
+def _rocksdb_reference(tmp: Path, batches: list[pa.Table], lookup_keys: list[pa.Table], singles: np.ndarray,
+                       buckets: int, rounds: int) -> dict:
+    """The same operations straight on rocksdict, same options as the KV tablet: per upsert batch
+    one multi-get of its keys and one write batch of its encoded rows; multi-gets of the same
+    1,000-key batches; single gets. Keys and values are encoded before the clock starts."""
+    from rocksdict import WriteBatch
+
+    from fluvial.kv.row_codec import KeyLayout, RowCodec, struct_of
+    from fluvial.kv.tablet import _open_rdict, _write_options
+    layout = KeyLayout(SCHEMA, ["id"])
+    codec = RowCodec(SCHEMA, {})
+    dbs = [_open_rdict(tmp / f"ref-{b}", True) for b in range(buckets)]
+    opts = _write_options()
+    encoded = []
+    for t in batches:
+        ids = t.column("id").to_numpy()
+        keys = layout.storage_keys(t).to_pylist()
+        values = codec.encode(struct_of(t)).to_pylist()
+        per = []
+        for b in range(buckets):
+            sel = np.flatnonzero(ids % buckets == b).tolist()
+            per.append(([keys[i] for i in sel], [values[i] for i in sel]))
+        encoded.append(per)
+    rows = 0
+    start = time.perf_counter()
+    for per in encoded:
+        for b, (keys, values) in enumerate(per):
+            dbs[b].get(keys)
+            wb = WriteBatch(raw_mode=True)
+            for k, v in zip(keys, values):
+                wb.put(k, v)
+            dbs[b].write(wb, opts)
+            rows += len(keys)
+    upsert_s = time.perf_counter() - start
+    lookups = []
+    for t in lookup_keys:
+        ids = t.column("id").to_numpy()
+        keys = layout.storage_keys(t).to_pylist()
+        lookups.append([[keys[i] for i in np.flatnonzero(ids % buckets == b).tolist()] for b in range(buckets)])
+    rates = []
+    for _ in range(rounds):
+        found = 0
+        start = time.perf_counter()
+        for per in lookups:
+            for b, keys in enumerate(per):
+                found += sum(v is not None for v in dbs[b].get(keys))
+        rates.append(1000 * len(lookups) / (time.perf_counter() - start))
+        assert found == 1000 * len(lookups), found
+    single_keys = [(int(k) % buckets, layout.storage_keys(pa.table({"id": pa.array([int(k)], pa.int64())}))[0].as_py())
+                   for k in singles]
+    lat = []
+    for b, k in single_keys:
+        s = time.perf_counter()
+        dbs[b].get(k)
+        lat.append(time.perf_counter() - s)
+    lat_ms = np.array(lat) * 1000
+    for db in dbs:
+        db.close()
+    return {"upsert_rows_per_s": round(rows / upsert_s),
+            "multi_get_keys_per_s": round(float(np.median(rates))),
+            "single_get_ms": {"p50": round(float(np.percentile(lat_ms, 50)), 4),
+                              "p99": round(float(np.percentile(lat_ms, 99)), 4)}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keys", type=int, default=1_000_000)
@@ -45,47 +139,71 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, default=2)
     ap.add_argument("--lookup-batches", type=int, default=200)
     ap.add_argument("--single-lookups", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the lookup phases (median reported)")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="directory: py-spy profiles (collapsed stacks) of the broker per phase")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
     rng = np.random.default_rng(7)
+    # The workload is generated before any clock starts.
+    batches = []
+    written = 0
+    inserts_per_batch = args.batch * 8 // 10
+    while written < args.keys:
+        new = np.arange(written, min(written + inserts_per_batch, args.keys), dtype=np.int64)
+        old = rng.integers(0, max(written, 1), args.batch - new.size) if written else np.zeros(0, np.int64)
+        batches.append(rows(rng, np.concatenate([new, old])))
+        written += new.size
+    upserted = sum(t.num_rows for t in batches)
+    lookup_keys = [pa.table({"id": rng.integers(0, args.keys, 1000)}) for _ in range(args.lookup_batches)]
+    single_ids = rng.integers(0, args.keys, args.single_lookups)
+    singles = [pa.table({"id": pa.array([int(k)], pa.int64())}) for k in single_ids]
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    prof = (lambda name: args.profile / f"pk-{name}.txt") if args.profile else (lambda name: None)
+    load = []
     with tempfile.TemporaryDirectory() as tmp:
         broker = BrokerProcess(Path(tmp) / "data", "--flush-policy", "ack").start()
         try:
             with fc.connect(broker.flight_url) as client:
                 t = client.create_table("accounts", SCHEMA, buckets=args.buckets, kafka_format="avro",
                                         primary_key=["id"])
-                written = 0
-                upserted = 0
-                inserts_per_batch = args.batch * 8 // 10
+                p = _profiler(broker.proc.pid, prof("upsert"))
                 start = time.perf_counter()
-                while written < args.keys:
-                    new = np.arange(written, min(written + inserts_per_batch, args.keys), dtype=np.int64)
-                    old = rng.integers(0, max(written, 1), args.batch - new.size) if written else \
-                        np.zeros(0, np.int64)
-                    t.upsert(rows(rng, np.concatenate([new, old])))
-                    written += new.size
-                    upserted += new.size + old.size
+                for batch in batches:
+                    t.upsert(batch)
                 upsert_s = time.perf_counter() - start
+                _stop(p)
+                load.append(os.getloadavg()[0])
 
-                lookup_keys = [pa.table({"id": rng.integers(0, args.keys, 1000)}) for _ in range(args.lookup_batches)]
-                start = time.perf_counter()
-                found = 0
-                for keys in lookup_keys:
-                    found += t.lookup(keys).num_rows
-                batched_s = time.perf_counter() - start
-                assert found == 1000 * args.lookup_batches, found
-
-                singles = [pa.table({"id": pa.array([int(k)], pa.int64())})
-                           for k in rng.integers(0, args.keys, args.single_lookups)]
-                latencies = []
-                for keys in singles:
-                    s = time.perf_counter()
-                    t.lookup(keys)
-                    latencies.append(time.perf_counter() - s)
-                lat = np.array(latencies) * 1000
+                rates, p50s, p99s = [], [], []
+                for r in range(args.rounds):
+                    p = _profiler(broker.proc.pid, prof("lookup") if r == 0 else None)
+                    start = time.perf_counter()
+                    found = 0
+                    for keys in lookup_keys:
+                        found += t.lookup(keys).num_rows
+                    rates.append(1000 * args.lookup_batches / (time.perf_counter() - start))
+                    _stop(p)
+                    assert found == 1000 * args.lookup_batches, found
+                    p = _profiler(broker.proc.pid, prof("single") if r == 0 else None)
+                    latencies = []
+                    for keys in singles:
+                        s = time.perf_counter()
+                        got = t.lookup(keys)
+                        latencies.append(time.perf_counter() - s)
+                        assert got.num_rows == 1
+                    _stop(p)
+                    lat = np.array(latencies) * 1000
+                    p50s.append(float(np.percentile(lat, 50)))
+                    p99s.append(float(np.percentile(lat, 99)))
+                    load.append(os.getloadavg()[0])
                 data_bytes = sum(f.stat().st_size for f in (Path(tmp) / "data" / "kv").rglob("*") if f.is_file())
         finally:
             broker.stop()
+        reference = _rocksdb_reference(Path(tmp), batches, lookup_keys, single_ids, args.buckets, args.rounds)
+        load.append(os.getloadavg()[0])
+    batched = round(float(np.median(rates)))
     out = {
         "benchmark": "pk",
         "keys": args.keys,
@@ -95,17 +213,32 @@ def main() -> None:
         "upsert_rows_per_s": round(upserted / upsert_s),
         "upsert_seconds": round(upsert_s, 2),
         "lookup_batch_keys": 1000,
-        "batched_lookup_keys_per_s": round(1000 * args.lookup_batches / batched_s),
-        "single_lookup_ms": {"p50": round(float(np.percentile(lat, 50)), 3),
-                             "p99": round(float(np.percentile(lat, 99)), 3),
+        "rounds": args.rounds,
+        "batched_lookup_keys_per_s": batched,
+        "batched_lookup_keys_per_s_rounds": [round(x) for x in rates],
+        "single_lookup_ms": {"p50": round(float(np.median(p50s)), 3),
+                             "p99": round(float(np.median(p99s)), 3),
+                             "p99_worst_round": round(max(p99s), 3),
                              "count": args.single_lookups},
+        # The physical reference: the same keys and rows straight on rocksdict in this process.
+        "rocksdict": reference,
+        "batched_lookup_share_of_rocksdict": round(batched / reference["multi_get_keys_per_s"], 3),
+        "upsert_share_of_rocksdict": round(upserted / upsert_s / reference["upsert_rows_per_s"], 3),
         "kv_bytes_on_disk": data_bytes,
         "flush_policy": "ack",
         # The machine may be shared: the load average says how much CPU the run had.
-        "load_average_1m": round(os.getloadavg()[0], 2),
+        "load_average_1m": round(float(np.median(load)), 2),
+        "load_average_1m_max": round(max(load), 2),
         "machine": machine.describe(),
     }
     print(json.dumps({k: v for k, v in out.items() if k != "machine"}, indent=1))
+    if args.profile:
+        for name in ("upsert", "lookup", "single"):
+            path = prof(name)
+            if path.exists():
+                print(f"--- broker profile, {name} (inclusive % of samples)")
+                for frame, share in _top(path):
+                    print(f"{share:6.1f}%  {frame}")
     if not args.no_save:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(out, indent=2) + "\n")

@@ -14,7 +14,6 @@ import json
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from fluvial.errors import InvalidRecordError
 from fluvial.schema.arrow_mapping import arrow_to_avro
@@ -24,7 +23,6 @@ from fluvial.schema.registry import parse_schema
 
 DATA_PREFIX = b"d"
 ROW_FLAG = 0x80  # on a value's first byte: the merge engine keeps more state for the key (ignored by readers)
-_EMPTY = pa.scalar(b"", pa.binary())
 
 
 @functools.lru_cache(maxsize=256)
@@ -58,11 +56,12 @@ def binary_values(values: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return offsets[:-1], offsets[1:], data
 
 
-def decode_bodies(schema: pa.Schema, values: pa.Array, skip: int) -> pa.StructArray:
-    """Decode Avro row bodies (after `skip` header bytes) written with `schema`."""
+def decode_bodies(schema: pa.Schema, values: pa.Array, skip: int, node=None) -> pa.StructArray:
+    """Decode Avro row bodies (after `skip` header bytes) written with `schema` (whose
+    Avro node the caller may pass: it is then not looked up again)."""
     start, end, data = binary_values(values)
     errors = DecodeErrors(np.full(len(values), -1, np.int64))
-    arr = decode_avro(avro_node(schema), data, start + skip, end, np.arange(len(values)), errors)
+    arr = decode_avro(node or avro_node(schema), data, start + skip, end, np.arange(len(values)), errors)
     problems = errors.by_record()
     if problems:
         raise ValueError(f"stored row {problems[0][0]} cannot be read: {problems[0][1]}")
@@ -81,13 +80,13 @@ def _fastavro_schema(schema_bytes: bytes):
     return fastavro.parse_schema(arrow_to_avro(schema, "Row"))
 
 
-def _decode_few(schema: pa.Schema, values: pa.Array) -> pa.StructArray | None:
+def _decode_few(schema: pa.Schema, values: pa.Array, parsed=None) -> pa.StructArray | None:
     """Row-by-row decoding of a handful of values; None where the vectorized path must decide."""
     try:
         import io
 
         import fastavro
-        parsed = _fastavro_schema(schema.serialize().to_pybytes())
+        parsed = parsed or _fastavro_schema(schema.serialize().to_pybytes())
         rows = [fastavro.schemaless_reader(io.BytesIO(v[2:]), parsed) for v in values.to_pylist()]
         table = pa.Table.from_pylist(rows, schema=schema)
         return pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns], fields=list(schema))
@@ -106,12 +105,17 @@ class RowCodec:
         if self.number is None:
             self.number = max(self.schemas, default=0) + 1
             self.schemas[self.number] = schema
-        self._header = pa.scalar(int(self.number).to_bytes(2, "big"), pa.binary())
+        self._header = int(self.number).to_bytes(2, "big")
         self._row_field = pa.field("row", pa.struct(list(schema)), False)
+        # Per-schema decoding work (Avro nodes, fastavro schemas) is done once per codec,
+        # not per lookup: a single-key lookup would otherwise spend most of its time here.
+        self._node = avro_node(schema)
+        self._nodes: dict[int, object] = {self.number: self._node}
+        self._parsed: dict[int, object] = {}
 
     def encode(self, rows: pa.StructArray) -> pa.Array:
-        body = encode_avro(avro_node(self.schema), rows)
-        return pc.binary_join_element_wise(self._header, body, _EMPTY)
+        # The header is joined in the encoder's own pass (no second copy of every value).
+        return encode_avro(self._node, rows, self._header)
 
     def decode(self, values: pa.Array) -> pa.StructArray:
         """Values (no nulls) to rows in the current schema."""
@@ -138,9 +142,17 @@ class RowCodec:
         schema = self.schemas.get(number)
         if schema is None:
             raise ValueError(f"stored row uses unknown row schema number {number}")
-        arr = _decode_few(schema, values) if len(values) <= FEW_ROWS else None
+        arr = None
+        if len(values) <= FEW_ROWS:
+            parsed = self._parsed.get(number)
+            if parsed is None:
+                parsed = self._parsed[number] = _fastavro_schema(schema.serialize().to_pybytes())
+            arr = _decode_few(schema, values, parsed)
         if arr is None:
-            arr = decode_bodies(schema, values, 2)
+            node = self._nodes.get(number)
+            if node is None:
+                node = self._nodes[number] = avro_node(schema)
+            arr = decode_bodies(schema, values, 2, node)
         return evolve_array(arr, self._row_field) if number != self.number else arr
 
 
@@ -155,6 +167,7 @@ class KeyLayout:
         self.storage_order = bucket_key + [c for c in primary_key if c not in bucket_key]
         self.key_schema = pa.schema([schema.field(c).with_nullable(False) for c in self.storage_order])
         self.prefix_schema = pa.schema([schema.field(c).with_nullable(False) for c in bucket_key])
+        self._nodes = {id(self.key_schema): avro_node(self.key_schema), id(self.prefix_schema): avro_node(self.prefix_schema)}
 
     def check_keys(self, data: pa.RecordBatch | pa.Table, what: str = "row", columns: list[str] | None = None) -> None:
         """Refuse batches without every key column, or with a null in one (InvalidRecordError)."""
@@ -183,8 +196,7 @@ class KeyLayout:
                         f"key column {f.name!r} has type {col.type}, the table's is {f.type}: {exc}") from None
             cols.append(col)
         arr = pa.StructArray.from_arrays(cols, fields=list(schema))
-        body = encode_avro(avro_node(schema), arr)
-        return pc.binary_join_element_wise(pa.scalar(DATA_PREFIX, pa.binary()), body, _EMPTY)
+        return encode_avro(self._nodes[id(schema)], arr, DATA_PREFIX)
 
     def storage_keys(self, data: pa.RecordBatch | pa.Table) -> pa.Array:
         """RocksDB keys of the rows (or key rows) of `data`."""
@@ -195,4 +207,4 @@ class KeyLayout:
         return self._encode(data, self.prefix_schema)
 
     def decode_keys(self, keys: pa.Array) -> pa.StructArray:
-        return decode_bodies(self.key_schema, keys, len(DATA_PREFIX))
+        return decode_bodies(self.key_schema, keys, len(DATA_PREFIX), self._nodes[id(self.key_schema)])

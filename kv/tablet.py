@@ -178,8 +178,8 @@ class KvTablet:
         # (each one's old row is the state the writes before it left), all in one pass.
         encoded = pc.dictionary_encode(keys)
         group = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        unique_keys = encoded.dictionary.to_pylist()
-        g_count = len(unique_keys)
+        unique_arrow = encoded.dictionary
+        g_count = len(unique_arrow)
         order = np.lexsort((np.arange(n), group))
         sorted_groups = group[order]
         first_in_group = np.ones(n, bool)
@@ -187,7 +187,7 @@ class KvTablet:
         prev = np.full(n, -1, np.int64)
         prev[order[~first_in_group]] = order[np.flatnonzero(~first_in_group) - 1]
 
-        old_rows, exists, old_bytes = self._stored_rows(unique_keys)
+        old_rows, exists, old_bytes = self._stored_rows(unique_arrow)
         if partial_columns is not None:
             # Non-target columns cannot change within the batch (no deletes ride with a
             # partial update): they come from the stored row, or are null for a new key.
@@ -253,7 +253,10 @@ class KvTablet:
         deleted = act[final] == Action.DELETE
         if deleted.any():
             final_bytes = pc.if_else(pa.array(deleted), pa.scalar(None, pa.binary()), final_bytes)
-        return KvWrite(changelog, [unique_keys[i] for i in touched.tolist()], final_bytes.to_pylist())
+        # The write batch goes in key order too (memtable inserts then follow each other).
+        touched_keys = unique_arrow.take(pa.array(touched))
+        in_order = pc.array_sort_indices(touched_keys)
+        return KvWrite(changelog, touched_keys.take(in_order).to_pylist(), final_bytes.take(in_order).to_pylist())
 
     def _prepare_stateful(self, rows: pa.RecordBatch, deletes: np.ndarray, retract: np.ndarray,
                           timestamps: np.ndarray | None) -> KvWrite:
@@ -309,12 +312,26 @@ class KvTablet:
         changelog = self._changelog_batch(pool.take(pa.array(take)), res.change, res.src)
         return KvWrite(changelog, res.keys, res.values, res.stats)
 
-    def _stored_rows(self, keys: list[bytes]) -> tuple[pa.StructArray, np.ndarray, pa.BinaryArray]:
+    def multi_get(self, keys: pa.Array) -> pa.BinaryArray:
+        """The stored values of `keys` (binary storage keys), null where a key has none: one
+        RocksDB multi-get with the keys in key order (each SST block and memtable stretch is
+        then visited once, in order), answered in the order asked."""
+        n = len(keys)
+        if n <= 1:
+            return pa.array(self.db.get(keys.to_pylist()), pa.binary())
+        order = pc.array_sort_indices(keys)
+        values = pa.array(self.db.get(keys.take(order).to_pylist()), pa.binary())
+        back = np.empty(n, np.int64)
+        back[order.to_numpy()] = np.arange(n)
+        return values.take(pa.array(back))
+
+    def _stored_rows(self, keys: list[bytes] | pa.Array) -> tuple[pa.StructArray, np.ndarray, pa.BinaryArray]:
         """The stored row of each key (null where none), which keys have one, and the stored
         bytes (null where none): one multi-get."""
-        old_values = self.db.get(keys)
-        exists = np.fromiter((v is not None for v in old_values), bool, len(keys))
-        old_bytes = pa.array(old_values, pa.binary())
+        if isinstance(keys, list):
+            keys = pa.array(keys, pa.binary())
+        old_bytes = self.multi_get(keys)
+        exists = old_bytes.is_valid().to_numpy(zero_copy_only=False)
         present = np.flatnonzero(exists)
         if not present.size:
             return pa.nulls(len(keys), self._row_type), exists, old_bytes
@@ -563,8 +580,7 @@ class KvTablet:
         self.layout.check_keys(keys, "key")
         if keys.num_rows == 0:
             return self.schema.empty_table()
-        values = self.db.get(self.layout.storage_keys(keys).to_pylist())
-        found = pa.array(values, pa.binary()).drop_null()
+        found = self.multi_get(self.layout.storage_keys(keys)).drop_null()
         return self._rows_table(found)
 
     def prefix_lookup(self, prefixes: pa.RecordBatch | pa.Table) -> pa.Table:
