@@ -45,6 +45,8 @@ COMPLETE_COMMIT = "CompleteCommit"
 COMPLETE_ABORT = "CompleteAbort"
 STATES = (EMPTY, ONGOING, PREPARE_COMMIT, PREPARE_ABORT, COMPLETE_COMMIT, COMPLETE_ABORT)
 INT16_MAX = 2**15 - 1
+# A prepared transaction whose markers could not all be written is retried this often.
+RETRY_COMPLETION_MS = 5000
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS transaction_state (
@@ -264,6 +266,10 @@ class TransactionCoordinator:
         if meta.state == ONGOING:
             await self._end(meta, commit)
             return
+        if meta.state == (PREPARE_COMMIT if commit else PREPARE_ABORT):
+            # A retry after markers could not all be written (a bucket offline): try again.
+            await self._complete(meta)
+            return
         if meta.state in (PREPARE_COMMIT, PREPARE_ABORT):
             raise TxnError(ErrorCode.CONCURRENT_TRANSACTIONS, "the transaction is completing")
         done = COMPLETE_COMMIT if commit else COMPLETE_ABORT
@@ -350,6 +356,17 @@ class TransactionCoordinator:
         """Abort transactions past their timeout; forget ids idle past the expiration."""
         now = now_ms()
         for meta in list(self.txns.values()):
+            if meta.state in (PREPARE_COMMIT, PREPARE_ABORT) and now - meta.updated_ms > RETRY_COMPLETION_MS:
+                # Its markers could not all be written before (a bucket offline): retried here.
+                async with self.lock(meta.transactional_id):
+                    if meta.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                        try:
+                            await self._complete(meta)
+                        except FluvialError as exc:
+                            log.warning("completing the transaction of %s failed again: %s",
+                                        meta.transactional_id, exc)
+                            meta.updated_ms = now_ms()
+                continue
             if meta.state == ONGOING and meta.start_ms >= 0 and now - meta.start_ms > meta.timeout_ms:
                 async with self.lock(meta.transactional_id):
                     if meta.state == ONGOING and now_ms() - meta.start_ms > meta.timeout_ms:
