@@ -1,5 +1,5 @@
-"""Share groups (KIP-932) with Apache Kafka 4.2's KafkaShareConsumer: several consumers share
-one partition; acknowledged records are not delivered again; records a live consumer holds
+"""Share groups (KIP-932) with Apache Kafka 4.2's KafkaShareConsumer and franz-go's share
+consumer (kgo.ShareGroup): several consumers share one partition; acknowledged records are not delivered again; records a live consumer holds
 without acknowledging come back to the others once their acquisition lock times out (with a
 higher delivery count); acknowledgements survive a broker restart."""
 from __future__ import annotations
@@ -19,7 +19,6 @@ from tests.integration.test_groups_confluent import wait_for
 from tests.support import kafka_clients_42
 from tests.support.kafka_wire import WireClient
 
-pytestmark = pytest.mark.java
 HERE = Path(__file__).resolve().parent
 LOCK_MS = 3000
 
@@ -38,10 +37,24 @@ def share_worker(tmp_path_factory):
     return f"{out}:{cp}"
 
 
+@pytest.fixture(scope="module")
+def franz_go_worker(tmp_path_factory):
+    if shutil.which("go") is None:
+        pytest.skip("no Go toolchain")
+    binary = tmp_path_factory.mktemp("share-go") / "share"
+    build = subprocess.run(["go", "build", "-o", str(binary), "."], cwd=HERE / "go" / "share",
+                           capture_output=True, timeout=240)
+    if build.returncode != 0:
+        pytest.skip(f"franz-go could not be built (no module proxy?): {build.stderr.decode()[-500:]}")
+    return str(binary)
+
+
 class Worker:
-    def __init__(self, classpath: str, bootstrap: str, topic: str, group: str, mode: str, seconds: int):
-        self.proc = subprocess.Popen(["java", "-cp", classpath, "ShareWorker", bootstrap, topic, group, mode,
-                                      str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    """One share consumer process (Java or Go: same arguments, same output lines)."""
+
+    def __init__(self, command: list[str], bootstrap: str, topic: str, group: str, mode: str, seconds: int):
+        self.proc = subprocess.Popen([*command, bootstrap, topic, group, mode, str(seconds)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.records: list[tuple[int, str, int]] = []
         self.started = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
@@ -70,7 +83,16 @@ def produce(bootstrap: str, topic: str, values: list[str]) -> None:
     assert p.flush(30) == 0
 
 
-def test_consumers_share_a_partition_and_locks_time_out(fresh_broker, share_worker, topic_name):
+@pytest.mark.java
+def test_java_share_consumers(fresh_broker, share_worker, topic_name):
+    share_a_partition(fresh_broker, ["java", "-cp", share_worker, "ShareWorker"], topic_name)
+
+
+def test_franz_go_share_consumers(fresh_broker, franz_go_worker, topic_name):
+    share_a_partition(fresh_broker, [franz_go_worker], topic_name)
+
+
+def share_a_partition(fresh_broker, share_worker: list[str], topic_name: str) -> None:
     broker = fresh_broker("--share-auto-offset-reset", "earliest",
                           "--group-share-record-lock-duration-ms", str(LOCK_MS),
                           "--group-share-heartbeat-interval-ms", "500")
