@@ -93,7 +93,30 @@ def groups(broker: "Broker") -> list[dict]:
                                 for m in description.members]})
     if modern is not None:
         out += _consumer_groups(broker, modern)
+    share = broker.extensions.get("share_groups")
+    if share is not None:
+        out += _share_groups(broker, share)
     return sorted(out, key=lambda g: g["group"])
+
+
+def _share_groups(broker: "Broker", share) -> list[dict]:
+    """Share groups (KIP-932): every member is assigned every partition of its topics."""
+    by_id = broker.tables.by_id
+    out = []
+    for group_id, state in list(share.listings()):
+        group = share.group(group_id)
+        if group is None:
+            continue
+        members = []
+        for m in list(group.members.values()):
+            parts = share.assignment_of(m)
+            members.append({"member_id": m.member_id, "instance_id": None, "client_id": m.client_id,
+                            "host": m.client_host,
+                            "partitions": sorted((by_id[t].name, p) for t, ps in parts.items() if t in by_id
+                                                 for p in ps)})
+        out.append({"group": group_id, "state": state, "protocol_type": "share", "protocol": "simple",
+                    "members": members})
+    return out
 
 
 def _consumer_groups(broker: "Broker", modern) -> list[dict]:

@@ -230,6 +230,23 @@ class ShareGroupCoordinator:
     def describe(self, group_id: str):
         return self._groups.get(group_id)
 
+    async def delete_empty(self, group_id: str) -> ErrorCode:
+        """DeleteGroups of a share group: only without members; its share-partition state goes too."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        if group.members:
+            return ErrorCode.NON_EMPTY_GROUP
+        del self._groups[group_id]
+        keys = [k for k in self._partitions if k[0] == group_id]
+        for key in keys:
+            del self._partitions[key]
+            for lock in [lk for lk in self._locks if lk[0] == key]:
+                self._locks.pop(lock).cancel()
+        self._sessions = {k: v for k, v in self._sessions.items() if k[0] != group_id}
+        await self._storage.write(GroupStorage.share_group_delete(group_id))
+        return ErrorCode.NONE
+
     def assignment_of(self, member: ShareMember) -> dict[uuid.UUID, list[int]]:
         return self._assignment(member)
 

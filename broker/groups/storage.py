@@ -237,6 +237,12 @@ class GroupStorage:
                 (group_id, topic_id, partition, state))
 
     @staticmethod
+    def share_group_delete(group_id: str) -> list[Statement]:
+        """Statements dropping a share group and its share-partitions (use with `+`)."""
+        return [("DELETE FROM share_groups WHERE group_id = ?", (group_id,)),
+                ("DELETE FROM share_partitions WHERE group_id = ?", (group_id,))]
+
+    @staticmethod
     def consumer_group_delete(group_id: str) -> Statement:
         return (_DELETE_CONSUMER_GROUP, (group_id,))
 

@@ -290,7 +290,9 @@ async def delete_groups(ctx: RequestContext, request):
     names = list(request.groups_names)
     refused = {n for n in names if not _group_allowed(ctx, AclOperation.DELETE, n)}
     modern = consumer_groups(ctx)
+    share = ctx.broker.extensions["share_groups"]
     errors = {n: await modern.delete_empty(n) for n in names if n not in refused and modern.owns(n)}
+    errors.update({n: await share.delete_empty(n) for n in names if n not in refused and share.owns(n)})
     errors.update(await coordinator(ctx).delete_groups(
         [n for n in names if n not in refused and n not in errors]))
     errors.update({n: _GROUP_DENIED for n in refused})

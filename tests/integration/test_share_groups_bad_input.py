@@ -108,6 +108,10 @@ def test_share_group_errors_and_acknowledgement_rules(fresh_broker, topic_name):
                                                            include_authorized_operations=False))
         assert [g.error_code for g in d.groups] == [0, E.GROUP_ID_NOT_FOUND]
         assert beat(c, group, "a", -1).member_epoch == -1
+        raw = RawClient(broker.bootstrap)
+        deleted = raw.call(ApiKey.DELETE_GROUPS, 2, dict(groups_names=[group])).results[0].error_code
+        assert deleted == E.NON_EMPTY_GROUP  # b is still a member
+        raw.close()
     # Everything done is durable: after a kill -9 nothing is offered again.
     broker.kill9()
     broker.start()
@@ -115,3 +119,13 @@ def test_share_group_errors_and_acknowledgement_rules(fresh_broker, topic_name):
         assert beat(c, group, "b", 2).member_epoch == 3  # a left: the group moved on
         r, part = fetch(c, group, "b", 0, tid, max_records=10, wait_ms=500)
         assert acquired(part) == []
+        # Once empty, the group can be deleted with its share-partition state: it starts over.
+        assert beat(c, group, "b", -1).member_epoch == -1
+        raw = RawClient(broker.bootstrap)
+        assert raw.call(ApiKey.DELETE_GROUPS, 2, dict(groups_names=[group])).results[0].error_code == 0
+        raw.close()
+        d = c.request(ApiKey.SHARE_GROUP_DESCRIBE, 1, dict(group_ids=[group], include_authorized_operations=False))
+        assert d.groups[0].error_code == E.GROUP_ID_NOT_FOUND
+        assert beat(c, group, "c", 0, [topic_name]).error_code == 0
+        r, part = fetch(c, group, "c", 0, tid, max_records=100)
+        assert acquired(part) == [(0, 9, 1)]

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,8 @@ def share_a_partition(fresh_broker, share_worker: list[str], topic_name: str) ->
         with WireClient(broker.bootstrap) as c:
             d = c.request(ApiKey.SHARE_GROUP_DESCRIBE, 1, dict(group_ids=[group], include_authorized_operations=False))
             assert d.groups[0].error_code == 0 and len(d.groups[0].members) == 3
+        metrics = urllib.request.urlopen(broker.http_url + "/metrics", timeout=10).read().decode()
+        assert f'fluvial_consumer_group_members{{group="{group}",state="Stable"}} 3.0' in metrics
         for w in workers:
             w.stop()
         workers.clear()
