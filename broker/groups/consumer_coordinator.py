@@ -173,6 +173,20 @@ class ConsumerGroupCoordinator:
             return ErrorCode.STALE_MEMBER_EPOCH
         return ErrorCode.NONE
 
+    def offsets_expiry_base(self, group_id: str, topic: str, commit_timestamp_ms: int) -> int | None:
+        """When the retention of a committed offset starts counting, or None while it is kept:
+        from when the group emptied, or from the commit for a topic no member subscribes to."""
+        group = self._groups[group_id]
+        if not group.members:
+            return group.empty_since_ms
+        catalog = self._topics()
+        entry = catalog.get(topic)
+        for member in group.members.values():
+            if topic in member.subscribed_topic_names or (
+                    entry is not None and entry[0] in self._subscribed_topics(member, catalog)):
+                return None
+        return commit_timestamp_ms
+
     def listings(self) -> list[tuple[str, str]]:
         """(group id, state) of every consumer group."""
         return [(g.group_id, g.state().value) for g in self._groups.values()]
@@ -445,6 +459,7 @@ class ConsumerGroupCoordinator:
         else:
             group.assignment_epoch = group.group_epoch
             group.subscription_metadata = {}
+            group.empty_since_ms = self.classic.now_ms()
 
     def _fence(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
         if self._groups.get(group.group_id) is not group or group.members.get(member.member_id) is not member:

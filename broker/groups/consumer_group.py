@@ -113,6 +113,8 @@ class ConsumerGroup:
     target: dict[str, Partitions] = field(default_factory=dict)
     # The partition counts of the subscribed topics the target was computed from.
     subscription_metadata: dict[uuid.UUID, int] = field(default_factory=dict)
+    # When the last member left (offsets of an empty group expire counting from then).
+    empty_since_ms: int = 0
     last_written: str | None = None
 
     def state(self) -> ConsumerGroupState:
@@ -178,6 +180,7 @@ class ConsumerGroup:
             "members": [m.to_json() for m in self.members.values()],
             "target": {m: _parts_to_json(p) for m, p in self.target.items()},
             "subscription_metadata": {str(t): n for t, n in self.subscription_metadata.items()},
+            "empty_since_ms": self.empty_since_ms,
         }, sort_keys=True)
 
     @classmethod
@@ -186,7 +189,8 @@ class ConsumerGroup:
         group = cls(group_id, group_epoch=d["group_epoch"], assignment_epoch=d["assignment_epoch"],
                     assignor_name=d["assignor_name"],
                     target={m: _parts_from_json(p) for m, p in d["target"].items()},
-                    subscription_metadata={uuid.UUID(t): n for t, n in d["subscription_metadata"].items()})
+                    subscription_metadata={uuid.UUID(t): n for t, n in d["subscription_metadata"].items()},
+                    empty_since_ms=d.get("empty_since_ms", 0))
         for md in d["members"]:
             member = ConsumerMember.from_json(md)
             group.members[member.member_id] = member

@@ -868,7 +868,39 @@ class GroupCoordinator:
             if expired or (group.state == GroupState.EMPTY and not committed):
                 dropped += len(expired)
                 await self._remove_offsets(group, expired)
+        if self.modern_groups is not None:
+            dropped += await self._expire_consumer_group_offsets(now, retention)
         return dropped
+
+    async def _expire_consumer_group_offsets(self, now: int, retention: int) -> int:
+        """KIP-848 groups, by Kafka's rules: an empty group's offsets expire `retention` after
+        it emptied; a group with members loses those of topics no member subscribes to."""
+        dropped = 0
+        for group_id in list(self._offsets):
+            if group_id in self._groups or not self.modern_groups.owns(group_id):
+                continue
+            committed = self._offsets[group_id]
+            expired = []
+            for tp, c in committed.items():
+                base = self.modern_groups.offsets_expiry_base(group_id, tp[0], c.commit_timestamp_ms)
+                if base is None:
+                    continue
+                deadline = c.expire_timestamp_ms if c.expire_timestamp_ms is not None else base + retention
+                if deadline <= now:
+                    expired.append(tp)
+            if not expired:
+                continue
+            for tp in expired:
+                del committed[tp]
+            if not committed:
+                self._offsets.pop(group_id, None)
+            await self._storage.write([GroupStorage.offset_delete(group_id, t, p) for t, p in expired])
+            dropped += len(expired)
+        return dropped
+
+    def now_ms(self) -> int:
+        """The coordinator's clock (wall-clock milliseconds; replaceable in tests)."""
+        return self._now_ms()
 
     async def _expire_periodically(self) -> None:
         while True:

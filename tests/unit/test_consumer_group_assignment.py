@@ -78,3 +78,45 @@ def test_group_state_round_trips_through_json():
     again = ConsumerGroup.from_json("g", group.to_json())
     assert again.to_json() == group.to_json()
     assert again.members["a"].assigned == {T1: {0}} and again.target == {"a": {T1: {0}}}
+
+
+def test_consumer_group_offsets_expire_by_kafkas_rules(tmp_path):
+    """Offsets of a KIP-848 group: kept while a member subscribes to their topic; dropped
+    `retention` after the commit for a topic nobody subscribes to, and `retention` after the
+    group emptied for the rest."""
+    import asyncio
+
+    from fluvial.broker.groups import GroupConfig, GroupCoordinator, GroupStorage
+    from fluvial.broker.groups.consumer_coordinator import ConsumerGroupCoordinator, HeartbeatRequest
+    from fluvial.broker.groups.coordinator import OffsetCommitEntry
+    from fluvial.broker.metadata import MetadataStore
+
+    now = [1_000_000]
+    topics = {"t": (T1, 2), "u": (T2, 1)}
+
+    async def scenario():
+        storage = GroupStorage(MetadataStore(tmp_path / "meta.db"))
+        classic = GroupCoordinator(storage, GroupConfig(offsets_retention_ms=1000), now_ms=lambda: now[0])
+        await classic.start()
+        modern = ConsumerGroupCoordinator(classic, storage, lambda: topics)
+        await modern.start()
+        r = await modern.heartbeat(HeartbeatRequest("g", "m1", 0, rebalance_timeout_ms=1000,
+                                                    subscribed_topic_names=["t"], owned={}))
+        assert r.error == 0
+        for topic in ("t", "u"):
+            assert await classic.commit_offsets(group_id="g", generation_id=r.member_epoch, member_id="m1",
+                                                group_instance_id=None, offsets=[OffsetCommitEntry(topic, 0, 5)],
+                                                api_version=9) == {(topic, 0): 0}
+        now[0] += 5000
+        assert await classic.expire_offsets() == 1  # "u": nobody subscribes to it
+        assert set(classic.fetch_offsets("g", None)[1]) == {("t", 0)}
+        assert (await modern.heartbeat(HeartbeatRequest("g", "m1", -1))).error == 0
+        now[0] += 500
+        assert await classic.expire_offsets() == 0  # counted from when the group emptied
+        now[0] += 600
+        assert await classic.expire_offsets() == 1
+        assert classic.fetch_offsets("g", None)[1] == {}
+        await modern.close()
+        await classic.close()
+
+    asyncio.run(scenario())
