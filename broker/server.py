@@ -77,6 +77,9 @@ class Connection:
 class KafkaServer:
     def __init__(self, broker: "Broker"):
         self.broker = broker
+        # Called with the peer ("host:port") of each connection that ends (share sessions are
+        # tied to their connection, as in Kafka).
+        self.connection_closed_hooks: list = []
         self._server: asyncio.base_events.Server | None = None
         self._connections: dict[asyncio.Task, Connection] = {}
         self._sweeper: asyncio.Task | None = None
@@ -174,6 +177,11 @@ class KafkaServer:
                 pass
             writer.close()
             self._connections.pop(task, None)
+            for hook in self.connection_closed_hooks:
+                try:
+                    hook(peer_s)
+                except Exception:  # noqa: BLE001 - one hook's fault must not stop the others
+                    log.exception("connection-closed hook failed")
 
     async def _read_requests(self, reader: asyncio.StreamReader, outbox: asyncio.Queue, conn: Connection) -> None:
         max_bytes = self.broker.config.max_request_bytes

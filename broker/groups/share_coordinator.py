@@ -89,6 +89,7 @@ class ShareHeartbeatResult:
 class ShareSession:
     next_epoch: int = 1
     partitions: set[tuple[uuid.UUID, int]] = field(default_factory=set)
+    peer: str = ""  # the connection that opened it
 
 
 class ShareGroupCoordinator:
@@ -252,7 +253,7 @@ class ShareGroupCoordinator:
 
     # -- share sessions -------------------------------------------------------------------
 
-    def open_session(self, group_id: str, member_id: str, epoch: int
+    def open_session(self, group_id: str, member_id: str, epoch: int, peer: str = ""
                      ) -> tuple[ErrorCode, str | None, ShareSession | None]:
         """Check the request's share-session epoch: 0 opens a session, -1 closes it after this
         request, any other must be the next one of the member's open session."""
@@ -262,7 +263,7 @@ class ShareGroupCoordinator:
             if old is not None:
                 # A new session for the member: what it held under the old one is offered again.
                 self._spawn(self._storage.write(self._release_member(group_id, member_id)))
-            session = self._sessions[key] = ShareSession()
+            session = self._sessions[key] = ShareSession(peer=peer)
             return ErrorCode.NONE, None, session
         session = self._sessions.get(key)
         if session is None:
@@ -275,6 +276,13 @@ class ShareGroupCoordinator:
                 f"The share session epoch is {epoch}, expected {session.next_epoch}."), None
         session.next_epoch = epoch + 1 if epoch < 2**31 - 1 else 1
         return ErrorCode.NONE, None, session
+
+    def connection_closed(self, peer: str) -> None:
+        """A client connection ended: the share sessions it opened end with it, and the
+        records their members held are offered again at once (as Kafka does)."""
+        for key in [k for k, s in self._sessions.items() if s.peer == peer]:
+            del self._sessions[key]
+            self._spawn(self._storage.write(self._release_member(*key)))
 
     async def release_session(self, group_id: str, member_id: str) -> None:
         """A closed share session: the records its member still holds are offered again."""

@@ -75,6 +75,7 @@ async def start_group_coordinator(broker) -> None:
         delivery_count_limit=cfg.group_share_delivery_count_limit,
         auto_offset_reset=cfg.share_auto_offset_reset))
     await share.start()
+    broker.kafka.connection_closed_hooks.append(share.connection_closed)
     broker.extensions["groups"] = coord
     broker.extensions["consumer_groups"] = modern
     broker.extensions["share_groups"] = share
@@ -84,6 +85,8 @@ async def start_group_coordinator(broker) -> None:
 async def stop_group_coordinator(broker) -> None:
     share = broker.extensions.pop("share_groups", None)
     if share is not None:
+        if share.connection_closed in broker.kafka.connection_closed_hooks:
+            broker.kafka.connection_closed_hooks.remove(share.connection_closed)
         await share.close()
     modern = broker.extensions.pop("consumer_groups", None)
     if modern is not None:

@@ -171,7 +171,7 @@ async def share_fetch(ctx: RequestContext, request):
         return top_level(ErrorCode.GROUP_AUTHORIZATION_FAILED, "Group authorization failed.")
     if epoch == 0 and any(p.acknowledgement_batches for t in request.topics for p in t.partitions):
         return top_level(ErrorCode.INVALID_REQUEST, "Acknowledgements cannot be sent when opening a share session.")
-    error, message, session = coord.open_session(group_id, member_id, epoch)
+    error, message, session = coord.open_session(group_id, member_id, epoch, ctx.peer)
     if error != ErrorCode.NONE:
         return top_level(error, message)
     for t in request.topics:

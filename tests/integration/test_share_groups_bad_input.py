@@ -129,3 +129,24 @@ def test_share_group_errors_and_acknowledgement_rules(fresh_broker, topic_name):
         assert beat(c, group, "c", 0, [topic_name]).error_code == 0
         r, part = fetch(c, group, "c", 0, tid, max_records=100)
         assert acquired(part) == [(0, 9, 1)]
+
+
+def test_records_held_by_a_closed_connection_are_offered_again(fresh_broker, topic_name):
+    """A share session belongs to its connection: when the connection ends (a consumer killed
+    with SIGKILL), its records come back at once, not only when their 60 s locks expire."""
+    broker = fresh_broker("--share-auto-offset-reset", "earliest", "--group-share-record-lock-duration-ms", "60000")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(15)
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(5):
+        p.produce(topic_name, value=b"v%d" % i)
+    assert p.flush(15) == 0
+    group = f"sgc-{topic_name}"
+    with WireClient(broker.bootstrap) as c:
+        tid = beat(c, group, "x", 0, [topic_name]).assignment.topic_partitions[0].topic_id
+        beat(c, group, "y", 0, [topic_name])
+        with WireClient(broker.bootstrap) as gone:
+            assert acquired(fetch(gone, group, "x", 0, tid)[1]) == [(0, 4, 1)]
+        started = time.monotonic()
+        _, part = fetch(c, group, "y", 0, tid, wait_ms=3000)
+        assert acquired(part) == [(0, 4, 2)] and time.monotonic() - started < 10
