@@ -184,6 +184,20 @@ class TransactionCoordinator:
             return ErrorCode.INVALID_TXN_STATE
         return None
 
+    async def add_implicitly(self, tid: str | None, producer_id: int, producer_epoch: int, topic: str,
+                             partition: int) -> None:
+        """Produce v12: add the partition to the producer's transaction (starting it) when
+        the producer is the id's current one; anything else is left to `verify_produce`."""
+        meta = self.txns.get(tid) if tid is not None else None
+        if meta is None or (meta.state == ONGOING and (topic, partition) in meta.partitions):
+            return
+        async with self.lock(tid):
+            if meta.producer_id != producer_id or meta.producer_epoch != producer_epoch:
+                return
+            if meta.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                return
+            await self.add_partitions(meta, [(topic, partition)])
+
     # -- InitProducerId ---------------------------------------------------------------------
 
     async def init_producer_id(self, tid: str, timeout_ms: int, producer_id: int, producer_epoch: int,
@@ -262,8 +276,13 @@ class TransactionCoordinator:
 
     # -- EndTxn ------------------------------------------------------------------------------
 
-    async def end_txn(self, meta: TxnMetadata, commit: bool) -> None:
+    async def end_txn(self, meta: TxnMetadata, commit: bool, *, bump: bool = False,
+                      new_producer_id=None) -> None:
+        """`bump` (EndTxn v5, transactions v2): every end bumps the epoch, and the markers
+        carry the new epoch, which fences whatever the old epoch still sends."""
         if meta.state == ONGOING:
+            if bump:
+                await self._bump(meta, new_producer_id)
             await self._end(meta, commit)
             return
         if meta.state == (PREPARE_COMMIT if commit else PREPARE_ABORT):
@@ -272,6 +291,12 @@ class TransactionCoordinator:
             return
         if meta.state in (PREPARE_COMMIT, PREPARE_ABORT):
             raise TxnError(ErrorCode.CONCURRENT_TRANSACTIONS, "the transaction is completing")
+        if bump:
+            # Nothing was added (no partition, no group): an empty transaction ends at once.
+            await self._bump(meta, new_producer_id)
+            meta.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
+            await self.persist(meta)
+            return
         done = COMPLETE_COMMIT if commit else COMPLETE_ABORT
         if meta.state == done:
             return  # a retry of the request that completed it
@@ -280,6 +305,15 @@ class TransactionCoordinator:
         raise TxnError(ErrorCode.INVALID_TXN_STATE,
                        f"cannot {'commit' if commit else 'abort'} transactional id {meta.transactional_id!r} "
                        f"in state {meta.state}")
+
+    def completed_retry(self, tid: str, producer_id: int, producer_epoch: int, commit: bool) -> TxnMetadata | None:
+        """EndTxn v5 retried after it completed (and bumped the epoch): the transaction, to
+        answer with its current epoch; None when the request is not such a retry."""
+        meta = self.txns.get(tid)
+        if (meta is not None and meta.producer_id == producer_id and producer_epoch == meta.producer_epoch - 1
+                and meta.state == (COMPLETE_COMMIT if commit else COMPLETE_ABORT)):
+            return meta
+        return None
 
     async def _end(self, meta: TxnMetadata, commit: bool) -> None:
         meta.state = PREPARE_COMMIT if commit else PREPARE_ABORT

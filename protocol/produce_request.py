@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fluvial.errors import InvalidRequestError
 
 FIRST_VERSION = 3
-LAST_VERSION = 11
+LAST_VERSION = 12  # v12 (KIP-890): the v11 layout; a transactional batch may add its partition
 FIRST_FLEXIBLE = 9
 
 _I16 = struct.Struct(">h")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from fluvial.protocol.messages import RequestHeader
 
 FIRST_VERSION = 3
-LAST_VERSION = 11
+LAST_VERSION = 12  # v12 (KIP-890): the v11 layout; a transactional batch may add its partition
 # Produce v9+ is flexible: compact arrays/strings and tagged-field sections.
 FIRST_FLEXIBLE = 9
 

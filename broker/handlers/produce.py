@@ -94,7 +94,12 @@ def _convert(part: _Part, log_append_time: int | None) -> None:
 async def _admit_transactional(ctx: RequestContext, transactional_id: str | None, part: _Part, meta, pk: bool) -> None:
     """A transactional batch goes in only as part of its producer's ongoing transaction,
     with that partition added to it (Kafka 4.x's partition verification)."""
-    code = ctx.broker.extensions["transactions"].verify_produce(
+    coordinator = ctx.broker.extensions["transactions"]
+    if ctx.version >= 12:
+        # Transactions v2 (KIP-890): the first batch to a partition adds it to the transaction.
+        await coordinator.add_implicitly(transactional_id, meta.producer_id, meta.producer_epoch,
+                                         part.topic, part.index)
+    code = coordinator.verify_produce(
         transactional_id, meta.producer_id, meta.producer_epoch, part.topic, part.index)
     if code is not None:
         raise FluvialError(f"transactional batch of producer {meta.producer_id} epoch {meta.producer_epoch} "
@@ -106,7 +111,7 @@ async def _admit_transactional(ctx: RequestContext, transactional_id: str | None
         await asyncio.get_running_loop().run_in_executor(ctx.broker.io_executor, index.prepare, part.bucket)
 
 
-@handles(ApiKey.PRODUCE, 0, 11)
+@handles(ApiKey.PRODUCE, 0, 12)
 async def produce(ctx: RequestContext, request):
     broker = ctx.broker
     if ctx.version < 3:

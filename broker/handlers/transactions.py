@@ -218,6 +218,8 @@ async def txn_offset_commit(ctx: RequestContext, request):
     async with c.lock(tid):
         try:
             meta = c.current(tid, request.producer_id, request.producer_epoch, fenced_code=fenced_code(ctx, 3))
+            if ctx.version >= 5 and meta.state != "PrepareCommit" and meta.state != "PrepareAbort":
+                await c.add_group(meta, group_id)   # transactions v2: no AddOffsetsToTxn first
             if meta.state != "Ongoing" or group_id not in meta.groups:
                 raise TxnError(ErrorCode.INVALID_TXN_STATE, "AddOffsetsToTxn did not add this group")
             if ctx.version >= 3:
@@ -237,22 +239,37 @@ async def txn_offset_commit(ctx: RequestContext, request):
 # -- EndTxn --------------------------------------------------------------------------------------
 
 
-@handles(ApiKey.END_TXN, 0, 4)
+@handles(ApiKey.END_TXN, 0, 5)
 async def end_txn(ctx: RequestContext, request):
     tid = request.transactional_id
+    v2 = ctx.version >= 5  # transactions v2 (KIP-890): the answer carries the bumped epoch
+
+    def answer(code, meta=None):
+        if not v2:
+            return ctx.response(throttle_time_ms=0, error_code=code)
+        return ctx.response(throttle_time_ms=0, error_code=code,
+                            producer_id=meta.producer_id if meta is not None else -1,
+                            producer_epoch=meta.producer_epoch if meta is not None else -1)
+
     if not _txn_id_ok(ctx, tid):
-        return ctx.response(throttle_time_ms=0, error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        return answer(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     c = coordinator(ctx)
+    committed = bool(request.committed)
     async with c.lock(tid):
+        if v2:
+            done = c.completed_retry(tid, request.producer_id, request.producer_epoch, committed)
+            if done is not None:
+                return answer(ErrorCode.NONE, done)
         try:
             meta = c.current(tid, request.producer_id, request.producer_epoch, fenced_code=fenced_code(ctx, 2))
-            await c.end_txn(meta, bool(request.committed))
+            await c.end_txn(meta, committed, bump=v2,
+                            new_producer_id=ctx.broker.extensions["producer_ids"].next_producer_id)
         except TxnError as exc:
-            return ctx.response(throttle_time_ms=0, error_code=exc.code)
+            return answer(exc.code)
         except FluvialError as exc:
             log.error("ending the transaction of %s failed: %s", tid, exc)
-            return ctx.response(throttle_time_ms=0, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
-    return ctx.response(throttle_time_ms=0, error_code=ErrorCode.NONE)
+            return answer(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+    return answer(ErrorCode.NONE, meta)
 
 
 # -- DescribeTransactions / ListTransactions ----------------------------------------------------

@@ -155,7 +155,8 @@ def metadata(c: WireClient, topics: list[str] | None, create: bool = False):
 
 def test_every_served_api_is_in_the_matrix():
     """A new API added to the broker must get its row here (and its check in its handler)."""
-    covered = {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 29, 30, 31, 32, 33, 35, 36,
+    covered = {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31,
+               32, 33, 35, 36, 65, 66,
                37, 42, 44, 47, 48, 50, 51, 60, 68, 69, 75, 76, 77, 78, 79}  # 48 DescribeClientQuotas: test_kafka_tls.py
     handlers.load_all()
     assert set(handlers.supported_versions()) <= covered
@@ -589,3 +590,54 @@ def test_share_groups(secured):
             == GROUP_DENIED
         assert describe(bob).error_code == GROUP_DENIED
         assert describe(alice).error_code == NONE
+
+
+def test_transactions(secured):
+    """Kafka's checks: WRITE on the transactional id for every transactional request, WRITE on
+    each topic added, READ on the group for AddOffsetsToTxn / TxnOffsetCommit, CLUSTER_ACTION
+    for the batched AddPartitionsToTxn, DESCRIBE on the id to describe or list it."""
+    b = secured
+    AP, TO = R[ApiKey.ADD_PARTITIONS_TO_TXN], R[ApiKey.TXN_OFFSET_COMMIT]
+
+    def add(c, tid, pid, epoch, topic):
+        r = c.request(ApiKey.ADD_PARTITIONS_TO_TXN, 3, dict(
+            v3_and_below_transactional_id=tid, v3_and_below_producer_id=pid, v3_and_below_producer_epoch=epoch,
+            v3_and_below_topics=[AP.AddPartitionsToTxnTopic(name=topic, partitions=[0])]))
+        return r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
+
+    def offsets(c, tid, pid, epoch, group):
+        r = c.request(ApiKey.TXN_OFFSET_COMMIT, 3, dict(
+            transactional_id=tid, group_id=group, producer_id=pid, producer_epoch=epoch, generation_id=-1,
+            member_id="", group_instance_id=None, topics=[TO.TxnOffsetCommitRequestTopic(name="m.t1", partitions=[
+                TO.TxnOffsetCommitRequestTopic.TxnOffsetCommitRequestPartition(
+                    partition_index=0, committed_offset=1, committed_leader_epoch=-1, committed_metadata="")])]))
+        return r.topics[0].partitions[0].error_code
+
+    with wire(b, "alice") as alice, wire(b, "bob") as bob:
+        init = dict(transactional_id="tx-a", transaction_timeout_ms=30000, producer_id=-1, producer_epoch=-1)
+        assert bob.request(ApiKey.INIT_PRODUCER_ID, 4, init).error_code == TXN_DENIED
+        r = alice.request(ApiKey.INIT_PRODUCER_ID, 4, init)
+        pid, epoch = r.producer_id, r.producer_epoch
+        assert add(bob, "tx-a", pid, epoch, "m.t1") == TXN_DENIED
+        assert add(alice, "tx-a", pid, epoch, "other.topic") == TOPIC_DENIED
+        assert add(alice, "tx-a", pid, epoch, "m.t1") == NONE
+        ao = dict(transactional_id="tx-a", producer_id=pid, producer_epoch=epoch, group_id="other.group")
+        assert bob.request(ApiKey.ADD_OFFSETS_TO_TXN, 3, ao).error_code == TXN_DENIED
+        assert alice.request(ApiKey.ADD_OFFSETS_TO_TXN, 3, ao).error_code == GROUP_DENIED
+        assert alice.request(ApiKey.ADD_OFFSETS_TO_TXN, 3, {**ao, "group_id": "g.tx"}).error_code == NONE
+        assert offsets(bob, "tx-a", pid, epoch, "g.tx") == TXN_DENIED
+        assert offsets(alice, "tx-a", pid, epoch, "other.group") == GROUP_DENIED
+        assert offsets(alice, "tx-a", pid, epoch, "g.tx") == NONE
+        batched = bob.request(ApiKey.ADD_PARTITIONS_TO_TXN, 4, dict(transactions=[]))
+        assert batched.error_code == CLUSTER_DENIED
+        d = bob.request(ApiKey.DESCRIBE_TRANSACTIONS, 0, dict(transactional_ids=["tx-a"]))
+        assert d.transaction_states[0].error_code == TXN_DENIED
+        assert alice.request(ApiKey.DESCRIBE_TRANSACTIONS, 0, dict(transactional_ids=["tx-a"])
+                             ).transaction_states[0].transaction_state == "Ongoing"
+        listed = dict(state_filters=[], producer_id_filters=[], duration_filter=-1)
+        assert bob.request(ApiKey.LIST_TRANSACTIONS, 1, listed).transaction_states == []
+        assert [t.transactional_id for t in alice.request(ApiKey.LIST_TRANSACTIONS, 1, listed
+                                                           ).transaction_states] == ["tx-a"]
+        end = dict(transactional_id="tx-a", producer_id=pid, producer_epoch=epoch, committed=False)
+        assert bob.request(ApiKey.END_TXN, 3, end).error_code == TXN_DENIED
+        assert alice.request(ApiKey.END_TXN, 3, end).error_code == NONE

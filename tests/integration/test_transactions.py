@@ -416,3 +416,34 @@ def test_index_survives_restart_and_deleted_records_and_ids_expire(fresh_broker,
         _time.sleep(0.5)
     assert state.error_code == ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
     c.close()
+
+
+def test_transactions_v2_implicit_adds_and_epoch_bump(broker, topic):
+    """KIP-890 part 2 on the wire: ApiVersions finalizes transaction.version 2; Produce v12
+    adds the partition itself; EndTxn v5 bumps the epoch (its retry gets the same answer)
+    and the old epoch is fenced."""
+    c = RawClient(broker.bootstrap)
+    av = c.request(ApiKey.API_VERSIONS, 3, dict(client_software_name="t", client_software_version="1"))
+    assert [(f.name, f.max_version_level) for f in av.finalized_features] == [("transaction.version", 2)]
+    assert {k.api_key: k.max_version for k in av.api_keys}[ApiKey.PRODUCE] >= 12
+    tid = f"v2-{topic}"
+    r = c.request(ApiKey.INIT_PRODUCER_ID, 5, dict(transactional_id=tid, transaction_timeout_ms=30000,
+                                                   producer_id=-1, producer_epoch=-1))
+    pid, epoch = r.producer_id, r.producer_epoch
+    body = produce_body(topic, with_attributes(make_batch(2), TRANSACTIONAL, pid, epoch))
+    body["transactional_id"] = tid
+    assert c.request(ApiKey.PRODUCE, 12, body).responses[0].partition_responses[0].error_code == 0
+    d = c.request(ApiKey.DESCRIBE_TRANSACTIONS, 0, dict(transactional_ids=[tid])).transaction_states[0]
+    assert d.transaction_state == "Ongoing" and [t.topic for t in d.topics] == [topic]
+    end = dict(transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=True)
+    r = c.request(ApiKey.END_TXN, 5, end)
+    assert (r.error_code, r.producer_id, r.producer_epoch) == (0, pid, epoch + 1)
+    r = c.request(ApiKey.END_TXN, 5, end)          # the retry of a completed commit
+    assert (r.error_code, r.producer_epoch) == (0, epoch + 1)
+    # The old epoch is fenced; the new one starts a transaction with sequence 0.
+    body = produce_body(topic, with_attributes(make_batch(1), TRANSACTIONAL, pid, epoch))
+    body["transactional_id"] = tid
+    assert c.request(ApiKey.PRODUCE, 12, body).responses[0].partition_responses[0].error_code in (
+        ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED)
+    assert _consume(broker.bootstrap, topic, "read_committed", expect=2) == [b"v0", b"v1"]
+    c.close()

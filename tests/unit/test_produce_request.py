@@ -10,7 +10,7 @@ from fluvial.protocol.messages import ApiKey, decode_request_body, decode_reques
 from fluvial.protocol.produce_request import decode_produce_request
 
 R = request_class(ApiKey.PRODUCE)
-VERSIONS = range(3, 12)
+VERSIONS = range(3, 13)
 
 partitions = st.lists(st.tuples(st.integers(-2**31, 2**31 - 1), st.none() | st.binary(max_size=300)), max_size=3)
 topics = st.lists(st.tuples(st.text(min_size=1, max_size=200), partitions), max_size=3)

@@ -10,7 +10,7 @@ from fluvial.protocol.produce_response import ProducedPartition, encode_produce_
 
 R = response_class(ApiKey.PRODUCE)
 PR = R.TopicProduceResponse.PartitionProduceResponse
-VERSIONS = range(3, 12)
+VERSIONS = range(3, 13)
 
 partition = st.builds(
     ProducedPartition,
@@ -64,7 +64,7 @@ def test_every_version_round_trips_through_the_decoder():
             assert [(e.batch_index, e.batch_index_error_message) for e in bad.record_errors] == [(2, "bad")]
 
 
-@pytest.mark.parametrize("version", [2, 12])
+@pytest.mark.parametrize("version", [2, 13])
 def test_versions_outside_the_range_are_refused(version):
     with pytest.raises(ValueError):
         encode_produce_response(RequestHeader(ApiKey.PRODUCE, version, 1, "c", 0), [])
