@@ -1,4 +1,4 @@
-"""Build hook for the optional compiled record codec; everything else is in pyproject.toml."""
+"""Build hook for the optional compiled codecs; everything else is in pyproject.toml."""
 from setuptools import Extension, setup
 
 setup(
@@ -9,6 +9,12 @@ setup(
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             # Without a compiler the package still installs and falls back to pure Python.
             optional=True,
-        )
+        ),
+        Extension(
+            "fluvial.schema._avro",
+            ["schema/_avro.c"],
+            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,  # the NumPy decoder in schema/avro_binary.py is the fallback
+        ),
     ],
 )

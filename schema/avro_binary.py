@@ -20,6 +20,17 @@ import pyarrow.compute as pc
 from fluvial.schema.arrow_mapping import avro_type_to_arrow
 from fluvial.schema.avro_schema import AvroNode
 
+try:  # the compiled varint step (schema/_avro.c); this module's NumPy code is the reference
+    from fluvial.schema import _avro as _native
+except ImportError:  # pragma: no cover - built without a compiler
+    _native = None
+
+# Use the compiled step when it is there (tests switch it off to compare both).
+USE_NATIVE = _native is not None
+# Status codes of _avro.read_varints -> the message the NumPy reader gives for them.
+_VARINT_PROBLEMS = ((1, "value ends inside a varint"), (2, "non-canonical varint"),
+                    (3, "varint longer than 64 bits"), (4, "malformed varint"))
+
 _PAD = 16
 _K10 = np.arange(10, dtype=np.int64)
 _SHIFT10 = (np.arange(10, dtype=np.uint64) * np.uint64(7))
@@ -84,6 +95,8 @@ class _Cursor:
         n = p.size
         if n == 0:
             return np.zeros(0, np.int64)
+        if USE_NATIVE and p.dtype == np.int64 and p.flags.c_contiguous and self.data.flags.c_contiguous:
+            return self._read_long_native(path, what)
         b = self.data[p]
         going = np.flatnonzero(b & 0x80)
         if not going.size:  # every varint is one byte: the common case of small values
@@ -124,6 +137,18 @@ class _Cursor:
         if over.any():
             v[over] = 0
         return v
+
+    def _read_long_native(self, path: str, what: str) -> np.ndarray:
+        n = self.pos.size
+        values = np.empty(n, np.int64)
+        status = np.empty(n, np.int8)
+        end = np.ascontiguousarray(self.end, np.int64)
+        if _native.read_varints(self.data, self.pos, end, values, status):
+            for code, problem in _VARINT_PROBLEMS:
+                rows = np.flatnonzero(status == code)
+                if rows.size:  # the compiled step parked their cursors at their ends already
+                    self.errors.add(self.rows[rows], f"field {path!r}: {problem} ({what})")
+        return values
 
     def read_int(self, path: str, what: str = "int") -> np.ndarray:
         v = self.read_long(path, what)
