@@ -70,3 +70,39 @@ def test_native_varints_edge_values():
                      "field 'f': varint longer than 64 bits (long)", "field 'f': non-canonical varint (long)"]
     # (the lone 0x81 continues into the next byte, 0: a non-canonical two-byte varint)
     assert all(row >= len(values) or "varint" in m for row, m in got[2])
+
+
+def _blobs(data: bytes, starts: list[int], ends: list[int], native: bool) -> tuple:
+    saved, avro_binary.USE_NATIVE = avro_binary.USE_NATIVE, native
+    try:
+        n = len(starts)
+        errors = DecodeErrors(np.full(n, -1, np.int64))
+        cur = _Cursor(pad(np.frombuffer(data, np.uint8)), np.array(starts, np.int64), np.array(ends, np.int64),
+                      np.arange(n), errors)
+        out = [cur.read_blobs("f", "bytes").to_pylist() for _ in range(2)]
+        return out, cur.pos.tolist(), errors.by_record()
+    finally:
+        avro_binary.USE_NATIVE = saved
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.lists(st.one_of(st.integers(0, 255), st.sampled_from([0x00, 0x02, 0x04, 0x7F, 0x80, 0x01, 0x03])),
+                     max_size=60),
+       cuts=st.lists(st.integers(0, 60), min_size=1, max_size=8))
+def test_native_blobs_match_the_numpy_reader(data, cuts):
+    raw = bytes(data)
+    bounds = sorted(min(c, len(raw)) for c in cuts)
+    starts = [0, *bounds[:-1]]
+    assert _blobs(raw, starts, bounds, True) == _blobs(raw, starts, bounds, False)
+
+
+def test_native_blobs_read_lengths_and_refuse_bad_ones():
+    cells = [b"\x06abc", b"\x00", b"\x03", b"\x0axy"]  # "abc", "", length -2, length 5 with 2 bytes left
+    data = b"".join(cells)
+    starts = np.cumsum([0] + [len(c) for c in cells[:-1]]).tolist()
+    ends = [s + len(c) for s, c in zip(starts, cells)]
+    got = _blobs(data, starts, ends, True)
+    assert got == _blobs(data, starts, ends, False)
+    assert got[0][0] == [b"abc", b"", b"", b""]
+    assert [m for row, m in got[2] if row >= 2] == ["field 'f': bytes length is negative",
+                                                    "field 'f': bytes length runs past the end of the value"]
