@@ -45,6 +45,11 @@ class ScanPlan:
     read_committed: bool = True
 
     @property
+    def used_columns(self) -> frozenset[str]:
+        """The stored columns the scan looks at (system columns are always read)."""
+        return frozenset(f.name for f in self.read_fields)
+
+    @property
     def remote_bucket(self) -> Bucket:
         """The bucket whose remote log holds the data (a changelog view's is its table's)."""
         return getattr(self.bucket, "source", self.bucket)
@@ -194,7 +199,9 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
             if plan.txns is not None and plan.read_committed:
                 lso = plan.txns.last_stable_offset(tablet.high_watermark)
                 limit = lso if limit is None else min(limit, lso)
-            stored = tablet.read(offset, READ_BYTES, max_offset=limit) if limit is None or offset < limit else []
+            # Only the columns the scan reads are decompressed from compressed batches.
+            stored = tablet.read(offset, READ_BYTES, max_offset=limit, uses=plan.used_columns) \
+                if limit is None or offset < limit else []
         if not stored:
             yield from flush()
             if not plan.follow:

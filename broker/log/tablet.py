@@ -7,7 +7,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -493,11 +493,15 @@ class LogTablet:
         columns: list[str] | None = None,
         max_offset: int | None = None,
         uncommitted: bool = False,
+        uses: Collection[str] | None = None,
     ) -> list[StoredBatch]:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` (at least one).
 
         ``columns`` projects: the segments are memory-mapped and batches read zero-copy, so
-        buffers of columns not asked for are never touched. Batches starting at or after
+        buffers of columns not asked for are never touched. ``uses`` (without ``columns``):
+        the user columns the caller will look at, for batches of any schema; a compressed
+        batch comes with those and the system columns only (the others are not
+        decompressed), an uncompressed one whole. Batches starting at or after
         ``max_offset`` are not returned, nor those past the high watermark unless
         ``uncommitted`` (the broker's own replays: producer state, KV tablets). Sizes count
         the (projected) column buffers.
@@ -529,7 +533,10 @@ class LogTablet:
                         continue
                     if meta.base_offset >= limit:
                         return result
-                    batch = segment.read_batch(header, state, columns)
+                    wanted = columns
+                    if wanted is None and uses is not None and header.compressed:
+                        wanted = [n for n in segment.read_schema().names if n in uses or n.startswith("_")]
+                    batch = segment.read_batch(header, state, wanted)
                     if columns is not None:
                         batch = _project(batch, columns)
                         size = batch.get_total_buffer_size()

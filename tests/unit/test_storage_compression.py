@@ -133,3 +133,25 @@ def test_projection_of_compressed_batches_decompresses_only_the_columns_asked_fo
     assert allocated < 400_000
     assert tablet.offset_for_timestamp(1_700_000_000_500) == (500, 1_700_000_000_500)
     assert tablet.max_timestamp() == (999, 1_700_000_000_999)
+
+
+def test_read_with_uses_decompresses_only_those_user_columns_of_any_schema(tmp_path):
+    tablet = open_tablet(tmp_path, compression="zstd")
+    tablet.append(records(1000, value_size=500, tag=0), meta())
+    tablet.append(records(1000, value_size=500, tag=1, extra_column=True), meta())  # a later schema
+    tablet.close()
+    tablet = open_tablet(tmp_path, compression="zstd")
+
+    allocated_before = pa.total_allocated_bytes()
+    stored = tablet.read(0, 1 << 30, uses={"amount", "note"})
+    allocated = pa.total_allocated_bytes() - allocated_before
+
+    assert [s.batch.schema.names for s in stored] == [
+        ["_offset", "_timestamp", "_change", "_key", "_headers", "amount"],
+        ["_offset", "_timestamp", "_change", "_key", "_headers", "amount", "note"]]
+    assert stored[1].batch.column("note").to_pylist()[:2] == ["n0", "n1"]
+    assert allocated < 600_000  # not the 1 MB of values
+    # Uncompressed batches come whole (zero-copy costs nothing).
+    plain = open_tablet(tmp_path / "plain")
+    plain.append(records(1000, value_size=500), meta())
+    assert "value" in plain.read(0, 1 << 30, uses={"amount"})[0].batch.schema.names
