@@ -28,6 +28,17 @@ def _prepare(bootstrap: str, name: str) -> tuple[str, str]:
     return src, dst
 
 
+def _uses_transactions_v2(bootstrap: str, tid: str) -> None:
+    """Transactions v2 (KIP-890): every commit or abort bumped the epoch (the first
+    transaction aborted, then at least one commit), so the client took the v2 path."""
+    from fluvial.protocol.messages import ApiKey
+    from tests.integration.test_bad_input import RawClient
+    c = RawClient(bootstrap)
+    state = c.request(ApiKey.DESCRIBE_TRANSACTIONS, 0, dict(transactional_ids=[tid])).transaction_states[0]
+    c.close()
+    assert state.transaction_state == "CompleteCommit" and state.producer_epoch >= 2, state
+
+
 def _check_exactly_once(bootstrap: str, dst: str, aborted_in_log: bool = True) -> None:
     got = _consume_all(bootstrap, dst, "read_committed", 2)
     counts = collections.Counter(got)
@@ -50,6 +61,7 @@ def test_java_consume_transform_produce(broker, java_tools, tmp_path, topic_name
                          capture_output=True, timeout=150)
     assert res.returncode == 0, res.stderr.decode()[-3000:]
     _check_exactly_once(broker.bootstrap, dst)
+    _uses_transactions_v2(broker.bootstrap, f"tx-{topic_name}")
 
 
 def test_franz_go_consume_transform_produce(broker, tmp_path, topic_name):
@@ -65,3 +77,4 @@ def test_franz_go_consume_transform_produce(broker, tmp_path, topic_name):
                          capture_output=True, timeout=120)
     assert res.returncode == 0, res.stderr.decode()[-3000:]
     _check_exactly_once(broker.bootstrap, dst, aborted_in_log=False)
+    _uses_transactions_v2(broker.bootstrap, f"tx-{topic_name}")
