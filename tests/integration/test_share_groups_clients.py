@@ -131,6 +131,9 @@ def share_a_partition(fresh_broker, share_worker: list[str], topic_name: str) ->
             assert d.groups[0].error_code == 0 and len(d.groups[0].members) == 3
         metrics = urllib.request.urlopen(broker.http_url + "/metrics", timeout=10).read().decode()
         assert f'fluvial_consumer_group_members{{group="{group}",state="Stable"}} 3.0' in metrics
+        # A worker acknowledges right after printing: give the last acknowledgements a moment to
+        # land before the workers are killed (unacknowledged records would rightly come back).
+        time.sleep(2)
         for w in workers:
             w.stop()
         workers.clear()
