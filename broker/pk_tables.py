@@ -1174,9 +1174,9 @@ def _read_buckets(table: Table, pk: PkTable, keys: pa.Table, read, wait_durable)
     buckets = np.unique(ids).tolist()
     parts = []
     for b in buckets:
-        sel = np.flatnonzero(ids == b)
         table.buckets[b].tablet.check_online()  # an offline bucket's KV may hold unacknowledged rows
-        parts.append(read(pk.buckets[b].tablet, keys.take(pa.array(sel))))
+        part = keys if len(buckets) == 1 else keys.take(pa.array(np.flatnonzero(ids == b)))
+        parts.append(read(pk.buckets[b].tablet, part))
     # The fence is taken after the reads: every row they saw was appended before it.
     fence = read_fence(table, buckets)
     if fence:

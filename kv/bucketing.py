@@ -5,6 +5,8 @@ CRC-32 of the key bytes mod buckets). A primary-key table picks one at creation
 table expects it."""
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pyarrow as pa
 
@@ -112,10 +114,46 @@ class BucketFunction:
         return "murmur2 of the key bytes, the Java client's default partitioner (librdkafka: murmur2_random)"
 
 
+# Up to this many keys (point lookups) hash one by one: the array form's fixed cost (a few
+# dozen NumPy calls) is larger than a handful of keys' worth of plain integer work.
+FEW_KEYS = 8
+
+
+def _murmur2_one(data: bytes) -> int:
+    """murmur2 of one key (uint32), the same arithmetic as `murmur2_array` on Python ints."""
+    m, mask = 0x5BD1E995, 0xFFFFFFFF
+    n = len(data)
+    h = (0x9747B28C ^ n) & mask
+    words = n // 4
+    for w in range(words):
+        k = int.from_bytes(data[4 * w:4 * w + 4], "little")
+        k = (k * m) & mask
+        k ^= k >> 24
+        k = (k * m) & mask
+        h = ((h * m) & mask) ^ k
+    tail = data[4 * words:]
+    if len(tail) >= 3:
+        h ^= tail[2] << 16
+    if len(tail) >= 2:
+        h ^= tail[1] << 8
+    if tail:
+        h ^= tail[0]
+        h = (h * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    h ^= h >> 15
+    return h
+
+
 def buckets_of(keys: pa.Array, buckets: int, function: str = BucketFunction.MURMUR2) -> np.ndarray:
     """The bucket of each key: `toPositive(murmur2(key)) % buckets`, as the Java producer picks,
     or with `crc32`, `crc32(key) % buckets`, as librdkafka's consistent_random picks."""
-    if BucketFunction.normalize(function) == BucketFunction.CRC32:
+    crc = BucketFunction.normalize(function) == BucketFunction.CRC32
+    if len(keys) <= FEW_KEYS:
+        values = keys.to_pylist() if keys.type == pa.binary() else keys.cast(pa.binary()).to_pylist()
+        hashes = [zlib.crc32(v) if crc else _murmur2_one(v) & 0x7FFFFFFF for v in values]
+        return np.array([h % buckets for h in hashes], np.int32)
+    if crc:
         return (crc32_array(keys) % np.uint32(buckets)).astype(np.int32)
     h = murmur2_array(keys) & np.uint32(0x7FFFFFFF)
     return (h % np.uint32(buckets)).astype(np.int32)

@@ -49,3 +49,16 @@ def test_crc32_bucketing_matches_librdkafka_consistent_random():
     assert buckets_of(pa.array(keys, pa.binary()), 7, "crc32").tolist() == [zlib.crc32(k) % 7 for k in keys]
     assert bucket_of(b"key-0001", 5, "consistent_random") == zlib.crc32(b"key-0001") % 5
     assert BucketFunction.normalize("murmur2_random") == "murmur2"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=40), min_size=1, max_size=8), st.integers(1, 64),
+       st.sampled_from(["murmur2", "crc32"]))
+def test_few_keys_hash_one_by_one_to_the_same_buckets(keys, buckets, function):
+    """Point lookups hash their few keys one by one: the same buckets as the array form,
+    which a batch of more keys takes (compared on the keys repeated past the threshold)."""
+    from fluvial.kv.bucketing import FEW_KEYS
+    few = buckets_of(pa.array(keys, pa.binary()), buckets, function).tolist()
+    many = buckets_of(pa.array(keys * (FEW_KEYS + 1), pa.binary()), buckets, function).tolist()
+    assert few == many[:len(keys)]
+    assert [bucket_of(k, buckets, function) for k in keys] == few
