@@ -68,68 +68,76 @@ def _top(raw: Path, n: int = 12) -> list[tuple[str, float]]:
     return [(f, round(100 * c / max(total, 1), 1)) for f, c in sorted(counts.items(), key=lambda x: -x[1])[:n]]
 
 
-def _rocksdb_reference(tmp: Path, batches: list[pa.Table], lookup_keys: list[pa.Table], singles: np.ndarray,
-                       buckets: int, rounds: int) -> dict:
-    """The same operations straight on rocksdict, same options as the KV tablet: per upsert batch
-    one multi-get of its keys and one write batch of its encoded rows; multi-gets of the same
-    1,000-key batches; single gets. Keys and values are encoded before the clock starts."""
-    from rocksdict import WriteBatch
+class RocksdbReference:
+    """The same operations straight on rocksdict, same options as the KV tablet: per upsert
+    batch one multi-get of its keys and one write batch of its encoded rows; multi-gets of
+    the same 1,000-key batches; single gets. Keys and values are encoded before any clock
+    starts. Its lookup rounds alternate with the broker's, so both see the same load."""
 
-    from fluvial.kv.row_codec import KeyLayout, RowCodec, struct_of
-    from fluvial.kv.tablet import _open_rdict, _write_options
-    layout = KeyLayout(SCHEMA, ["id"])
-    codec = RowCodec(SCHEMA, {})
-    dbs = [_open_rdict(tmp / f"ref-{b}", True) for b in range(buckets)]
-    opts = _write_options()
-    encoded = []
-    for t in batches:
-        ids = t.column("id").to_numpy()
-        keys = layout.storage_keys(t).to_pylist()
-        values = codec.encode(struct_of(t)).to_pylist()
-        per = []
-        for b in range(buckets):
-            sel = np.flatnonzero(ids % buckets == b).tolist()
-            per.append(([keys[i] for i in sel], [values[i] for i in sel]))
-        encoded.append(per)
-    rows = 0
-    start = time.perf_counter()
-    for per in encoded:
-        for b, (keys, values) in enumerate(per):
-            dbs[b].get(keys)
-            wb = WriteBatch(raw_mode=True)
-            for k, v in zip(keys, values):
-                wb.put(k, v)
-            dbs[b].write(wb, opts)
-            rows += len(keys)
-    upsert_s = time.perf_counter() - start
-    lookups = []
-    for t in lookup_keys:
-        ids = t.column("id").to_numpy()
-        keys = layout.storage_keys(t).to_pylist()
-        lookups.append([[keys[i] for i in np.flatnonzero(ids % buckets == b).tolist()] for b in range(buckets)])
-    rates = []
-    for _ in range(rounds):
+    def __init__(self, tmp: Path, buckets: int):
+        from fluvial.kv.row_codec import KeyLayout, RowCodec
+        from fluvial.kv.tablet import _open_rdict, _write_options
+        self.layout = KeyLayout(SCHEMA, ["id"])
+        self.codec = RowCodec(SCHEMA, {})
+        self.buckets = buckets
+        self.dbs = [_open_rdict(tmp / f"ref-{b}", True) for b in range(buckets)]
+        self.opts = _write_options()
+
+    def _split(self, table: pa.Table, keys: list[bytes]) -> list[list[int]]:
+        ids = table.column("id").to_numpy()
+        return [np.flatnonzero(ids % self.buckets == b).tolist() for b in range(self.buckets)]
+
+    def upserts(self, batches: list[pa.Table]) -> float:
+        from rocksdict import WriteBatch
+
+        from fluvial.kv.row_codec import struct_of
+        encoded = []
+        for t in batches:
+            keys = self.layout.storage_keys(t).to_pylist()
+            values = self.codec.encode(struct_of(t)).to_pylist()
+            encoded.append([([keys[i] for i in sel], [values[i] for i in sel]) for sel in self._split(t, keys)])
+        rows = 0
+        start = time.perf_counter()
+        for per in encoded:
+            for b, (keys, values) in enumerate(per):
+                self.dbs[b].get(keys)
+                wb = WriteBatch(raw_mode=True)
+                for k, v in zip(keys, values):
+                    wb.put(k, v)
+                self.dbs[b].write(wb, self.opts)
+                rows += len(keys)
+        return rows / (time.perf_counter() - start)
+
+    def prepare_lookups(self, lookup_keys: list[pa.Table], singles: np.ndarray) -> None:
+        self.lookups = []
+        for t in lookup_keys:
+            keys = self.layout.storage_keys(t).to_pylist()
+            self.lookups.append([[keys[i] for i in sel] for sel in self._split(t, keys)])
+        self.singles = [(int(k) % self.buckets,
+                         self.layout.storage_keys(pa.table({"id": pa.array([int(k)], pa.int64())}))[0].as_py())
+                        for k in singles]
+
+    def multi_gets(self) -> float:
         found = 0
         start = time.perf_counter()
-        for per in lookups:
+        for per in self.lookups:
             for b, keys in enumerate(per):
-                found += sum(v is not None for v in dbs[b].get(keys))
-        rates.append(1000 * len(lookups) / (time.perf_counter() - start))
-        assert found == 1000 * len(lookups), found
-    single_keys = [(int(k) % buckets, layout.storage_keys(pa.table({"id": pa.array([int(k)], pa.int64())}))[0].as_py())
-                   for k in singles]
-    lat = []
-    for b, k in single_keys:
-        s = time.perf_counter()
-        dbs[b].get(k)
-        lat.append(time.perf_counter() - s)
-    lat_ms = np.array(lat) * 1000
-    for db in dbs:
-        db.close()
-    return {"upsert_rows_per_s": round(rows / upsert_s),
-            "multi_get_keys_per_s": round(float(np.median(rates))),
-            "single_get_ms": {"p50": round(float(np.percentile(lat_ms, 50)), 4),
-                              "p99": round(float(np.percentile(lat_ms, 99)), 4)}}
+                found += sum(v is not None for v in self.dbs[b].get(keys))
+        rate = 1000 * len(self.lookups) / (time.perf_counter() - start)
+        assert found == 1000 * len(self.lookups), found
+        return rate
+
+    def single_gets(self) -> np.ndarray:
+        lat = []
+        for b, k in self.singles:
+            s = time.perf_counter()
+            self.dbs[b].get(k)
+            lat.append(time.perf_counter() - s)
+        return np.array(lat) * 1000
+
+    def close(self) -> None:
+        for db in self.dbs:
+            db.close()
 
 
 def main() -> None:
@@ -176,7 +184,12 @@ def main() -> None:
                 _stop(p)
                 load.append(os.getloadavg()[0])
 
-                rates, p50s, p99s = [], [], []
+                # The reference's writes, then lookup rounds alternating broker / rocksdict.
+                ref = RocksdbReference(Path(tmp), args.buckets)
+                ref_upsert = ref.upserts(batches)
+                ref.prepare_lookups(lookup_keys, single_ids)
+                load.append(os.getloadavg()[0])
+                rates, p50s, p99s, ref_rates, ref_p50s, ref_p99s = [], [], [], [], [], []
                 for r in range(args.rounds):
                     p = _profiler(broker.proc.pid, prof("lookup") if r == 0 else None)
                     start = time.perf_counter()
@@ -186,6 +199,7 @@ def main() -> None:
                     rates.append(1000 * args.lookup_batches / (time.perf_counter() - start))
                     _stop(p)
                     assert found == 1000 * args.lookup_batches, found
+                    ref_rates.append(ref.multi_gets())
                     p = _profiler(broker.proc.pid, prof("single") if r == 0 else None)
                     latencies = []
                     for keys in singles:
@@ -197,12 +211,19 @@ def main() -> None:
                     lat = np.array(latencies) * 1000
                     p50s.append(float(np.percentile(lat, 50)))
                     p99s.append(float(np.percentile(lat, 99)))
+                    ref_lat = ref.single_gets()
+                    ref_p50s.append(float(np.percentile(ref_lat, 50)))
+                    ref_p99s.append(float(np.percentile(ref_lat, 99)))
                     load.append(os.getloadavg()[0])
+                ref.close()
+                reference = {"upsert_rows_per_s": round(ref_upsert),
+                             "multi_get_keys_per_s": round(float(np.median(ref_rates))),
+                             "multi_get_keys_per_s_rounds": [round(x) for x in ref_rates],
+                             "single_get_ms": {"p50": round(float(np.median(ref_p50s)), 4),
+                                               "p99": round(float(np.median(ref_p99s)), 4)}}
                 data_bytes = sum(f.stat().st_size for f in (Path(tmp) / "data" / "kv").rglob("*") if f.is_file())
         finally:
             broker.stop()
-        reference = _rocksdb_reference(Path(tmp), batches, lookup_keys, single_ids, args.buckets, args.rounds)
-        load.append(os.getloadavg()[0])
     batched = round(float(np.median(rates)))
     out = {
         "benchmark": "pk",
