@@ -58,8 +58,10 @@ class LogCleanerManager:
 
     async def _clean(self, bucket, *, force: bool) -> CleaningResult | None:
         loop = asyncio.get_running_loop()
+        index = self.broker.extensions.get("txn_index")
         result = await loop.run_in_executor(self.executor, lambda: clean(
-            bucket.tablet, compaction_config(bucket.table, self.broker.config), force=force))
+            bucket.tablet, compaction_config(bucket.table, self.broker.config), force=force,
+            transactions=index.get(bucket) if index is not None else None))
         if result is not None and result.segments_rewritten:
             self.broker.wire_cache.drop_bucket_below(bucket.table.name, bucket.index, result.first_dirty_offset)
         return result
@@ -84,6 +86,8 @@ class LogCleanerManager:
                 if result is None:
                     break
                 passes.append(result)
+                if len(passes) > 1 and result.first_dirty_offset <= passes[-2].first_dirty_offset:
+                    break  # held below an open Kafka transaction: the rest is cleaned once it ends
             out.append({"bucket": bucket.index, **_summary(passes)})
         return out
 

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fluvial.broker.log.batch_meta import ATTR_CONTROL, BatchMeta
+from fluvial.broker.log.batch_meta import ATTR_CONTROL, ATTR_TRANSACTIONAL, BatchMeta
 from fluvial.broker.log.checkpoint import fsync_directory
 from fluvial.broker.log.index import OffsetIndex, TimeIndex
 from fluvial.broker.log.segment import DATA_SUFFIX, LogSegment, _sync
@@ -139,8 +139,13 @@ def _read_all(segment: LogSegment, columns: list[str] | None = None) -> list[tup
     return out
 
 
+def _is_aborted(aborted, meta: BatchMeta) -> bool:
+    return aborted is not None and bool(meta.attributes & ATTR_TRANSACTIONAL) and aborted(
+        meta.producer_id, meta.base_offset)
+
+
 def _latest_offsets(segments: list[LogSegment], first_dirty: int,
-                    budget: int) -> tuple[pa.Array, np.ndarray, int]:
+                    budget: int, aborted=None) -> tuple[pa.Array, np.ndarray, int]:
     """The keys of the dirty part and the latest offset of each (one vectorized group-by),
     and how many of `segments` that covers: dirty segments are added while their keys fit
     in `budget` bytes (at least one)."""
@@ -152,7 +157,8 @@ def _latest_offsets(segments: list[LogSegment], first_dirty: int,
             break
         covered += 1
         for meta, batch in _read_all(segment, ["_key", "_offset"]):
-            if meta.next_offset <= first_dirty or meta.attributes & ATTR_CONTROL or not batch.num_rows:
+            if meta.next_offset <= first_dirty or meta.attributes & ATTR_CONTROL or not batch.num_rows \
+                    or _is_aborted(aborted, meta):
                 continue
             keys.append(batch.column(0))
             offsets.append(batch.column(1))
@@ -190,13 +196,17 @@ class _Cleaned:
 
 
 def _clean_segment(segment: LogSegment, map_keys: pa.Array, map_offsets: np.ndarray, config: CompactionConfig,
-                   now_ms: int) -> _Cleaned:
-    """The segment's batches after cleaning, the records and tombstones removed."""
+                   now_ms: int, aborted=None) -> _Cleaned:
+    """The segment's batches after cleaning, the records and tombstones removed (and the
+    batches of aborted transactions, which are left out of `data` and so dropped)."""
     batches = _read_all(segment)
-    data = [(m, b) for m, b in batches if b.num_rows and not m.attributes & ATTR_CONTROL]
+    data = [(m, b) for m, b in batches if b.num_rows and not m.attributes & ATTR_CONTROL
+            and not _is_aborted(aborted, m)]
+    dropped = sum(b.num_rows for m, b in batches if b.num_rows and not m.attributes & ATTR_CONTROL) \
+        - sum(b.num_rows for _, b in data)
     if not data:
-        kept = [(m, b) for m, b in batches if b.num_rows or m.attributes & ATTR_CONTROL]
-        return _Cleaned(segment, kept, batches[-1], False, 0, 0)
+        kept = [(m, b) for m, b in batches if (b.num_rows and not _is_aborted(aborted, m)) or m.attributes & ATTR_CONTROL]
+        return _Cleaned(segment, kept, batches[-1], bool(dropped), dropped, 0)
     keys = pa.chunked_array([b.column("_key") for _, b in data], pa.binary()).combine_chunks()
     offsets = np.concatenate([b.column("_offset").to_numpy(zero_copy_only=False) for _, b in data])
     where = pc.index_in(keys, value_set=map_keys).fill_null(-1).to_numpy(zero_copy_only=False)
@@ -210,7 +220,7 @@ def _clean_segment(segment: LogSegment, map_keys: pa.Array, map_offsets: np.ndar
     expired = tomb & keep & (horizons >= 0) & (horizons <= now_ms)
     keep &= ~expired
     new_horizon = now_ms + config.delete_retention_ms
-    if keep.all() and not (tomb & (horizons < 0)).any():
+    if keep.all() and not (tomb & (horizons < 0)).any() and not dropped:
         return _Cleaned(segment, [(m, b) for m, b in batches if b.num_rows or m.attributes & ATTR_CONTROL],
                         batches[-1], False, 0, 0)
     out: list[tuple[BatchMeta, pa.RecordBatch]] = []
@@ -235,7 +245,7 @@ def _clean_segment(segment: LogSegment, map_keys: pa.Array, map_offsets: np.ndar
             meta.base_offset, meta.last_offset_delta, kept, meta.base_timestamp, meta.max_timestamp,
             meta.producer_id, meta.producer_epoch, meta.base_sequence, meta.attributes,
             meta.partition_leader_epoch, meta.schema_id, produced if kept != produced else -1, horizon), rows))
-    return _Cleaned(segment, out, batches[-1], True, int((~keep).sum()), int(expired.sum()))
+    return _Cleaned(segment, out, batches[-1], True, int((~keep).sum()) + dropped, int(expired.sum()))
 
 
 def _cover_gaps(kept: list[tuple[BatchMeta, pa.RecordBatch]], base: int, end: int,
@@ -315,8 +325,13 @@ def _write_cleaned(tablet: LogTablet, segment: LogSegment, end: int, batches: li
 
 
 def clean(tablet: LogTablet, config: CompactionConfig, *, now_ms: int | None = None,
-          force: bool = False) -> CleaningResult | None:
-    """One cleaning pass (when needed, or always with ``force``); None when nothing was cleanable."""
+          force: bool = False, transactions=None) -> CleaningResult | None:
+    """One cleaning pass (when needed, or always with ``force``); None when nothing was cleanable.
+
+    ``transactions`` (the bucket's Kafka transactions, `broker/txn_index.py`): segments at or
+    past the last stable offset are not cleaned (Kafka's first uncleanable offset: a record of
+    an open transaction must not replace a committed one), and records of aborted
+    transactions are removed, never counted as a key's latest."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     with tablet.cleaner_lock:
         tablet.check_online()
@@ -324,10 +339,16 @@ def clean(tablet: LogTablet, config: CompactionConfig, *, now_ms: int | None = N
             return None
         started = time.perf_counter()
         segments = cleanable_segments(tablet, config, now)
+        aborted = None
+        if transactions is not None:
+            lso = transactions.last_stable_offset(tablet.high_watermark)
+            segments = tuple(s for s in segments if s.state.next_offset <= lso)
+            aborted = transactions.is_aborted
         if not segments:
             return None
         first_dirty = _first_dirty(tablet)
-        map_keys, map_offsets, covered = _latest_offsets(list(segments), first_dirty, config.dedupe_buffer_bytes)
+        map_keys, map_offsets, covered = _latest_offsets(list(segments), first_dirty, config.dedupe_buffer_bytes,
+                                                         aborted)
         segments = segments[:covered]
         with_stats = tablet.config.batch_statistics
         totals = {"rewritten": 0, "records_before": 0, "records_after": 0, "tombstones": 0, "bytes_before": 0,
@@ -364,7 +385,7 @@ def clean(tablet: LogTablet, config: CompactionConfig, *, now_ms: int | None = N
         size = 0
         for done, segment in enumerate(segments):
             progress.update(done)
-            c = _clean_segment(segment, map_keys, map_offsets, config, now)
+            c = _clean_segment(segment, map_keys, map_offsets, config, now, aborted)
             if group and (c.segment.schema_message != group[0].segment.schema_message
                           or size + c.size > tablet.config.segment_bytes):
                 write(group)

@@ -447,3 +447,40 @@ def test_transactions_v2_implicit_adds_and_epoch_bump(broker, topic):
         ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED)
     assert _consume(broker.bootstrap, topic, "read_committed", expect=2) == [b"v0", b"v1"]
     c.close()
+
+
+def test_compaction_drops_aborted_records_and_stops_at_open_transactions(fresh_broker, topic_name):
+    from fluvial import client as fc
+
+    b = fresh_broker()
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, 1, config={
+        "cleanup.policy": "compact", "segment.bytes": "4096", "min.cleanable.dirty.ratio": "0.01"})]
+    )[topic_name].result(10)
+    pad = b"-" * 200
+
+    def txn(p, label: bytes, commit: bool | None, keys=range(20)) -> None:
+        p.begin_transaction()
+        for k in keys:
+            p.produce(topic_name, key=b"k%d" % k, value=label + pad)
+        p.flush(10)
+        if commit is not None:
+            (p.commit_transaction if commit else p.abort_transaction)(15)
+
+    p = _producer(b.bootstrap, "compact-a")
+    p.init_transactions(15)
+    txn(p, b"c", True)
+    txn(p, b"a", False)
+    opener = _producer(b.bootstrap, "compact-open")
+    opener.init_transactions(15)
+    txn(opener, b"open", None, keys=[0])          # left open while the table is compacted
+    txn(p, b"later", True, keys=range(100, 140))  # closes the segments before it
+    with fc.connect(b.flight_url) as c:
+        c._action("compact", {"table": topic_name})
+    opener.abort_transaction(15)
+    with fc.connect(b.flight_url) as c:
+        c._action("compact", {"table": topic_name})
+    everything = _consume_all(b.bootstrap, topic_name, "read_uncommitted", 1)
+    assert not any(v.startswith(b"a-") for v in everything)   # aborted records removed
+    committed = _consume_all(b.bootstrap, topic_name, "read_committed", 1)
+    assert sorted(v for v in committed if v.startswith(b"c-")) == [b"c" + pad] * 20  # every key's committed value
