@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, field
+
+import numpy as np
 
 ACK_GAP, ACK_ACCEPT, ACK_RELEASE, ACK_REJECT, ACK_RENEW = 0, 1, 2, 3, 4
+_ACK_TYPES = np.array([ACK_GAP, ACK_ACCEPT, ACK_RELEASE, ACK_REJECT, ACK_RENEW], dtype=np.int8)
 
 
 class RecordState(enum.IntEnum):
@@ -25,24 +27,29 @@ class RecordState(enum.IntEnum):
     ARCHIVED = 4
 
 
-@dataclass
-class InFlight:
-    state: RecordState
-    delivery_count: int
-    member_id: str | None = None
-    lock_id: int = 0  # which acquisition (lock) holds the record
+_AVAILABLE, _ACQUIRED = int(RecordState.AVAILABLE), int(RecordState.ACQUIRED)
+_ACKNOWLEDGED, _ARCHIVED = int(RecordState.ACKNOWLEDGED), int(RecordState.ARCHIVED)
 
 
 class InvalidRecordState(Exception):
     """An acknowledgement of records the member does not hold (INVALID_RECORD_STATE)."""
 
 
-@dataclass
 class SharePartition:
-    start_offset: int
-    end_offset: int
-    records: dict[int, InFlight] = field(default_factory=dict)
-    _next_lock: int = 1
+    def __init__(self, start_offset: int, end_offset: int, states: np.ndarray | None = None,
+                 counts: np.ndarray | None = None):
+        self.start_offset = start_offset
+        self.end_offset = end_offset
+        n = end_offset - start_offset
+        self.state = states if states is not None else np.full(n, _AVAILABLE, dtype=np.int8)
+        self.count = counts if counts is not None else np.zeros(n, dtype=np.int16)
+        self.lock = np.zeros(n, dtype=np.int32)
+        self.member = np.full(n, -1, dtype=np.int32)
+        self._member_ids: dict[str, int] = {}
+        self._next_lock = 1
+
+    def _member_index(self, member_id: str) -> int:
+        return self._member_ids.setdefault(member_id, len(self._member_ids))
 
     # -- acquiring ------------------------------------------------------------------------
 
@@ -54,28 +61,27 @@ class SharePartition:
             self._skip_to(log_start)
         lock_id = self._next_lock
         self._next_lock += 1
-        taken: list[int] = []
-        for offset in sorted(o for o, r in self.records.items() if r.state == RecordState.AVAILABLE):
-            if len(taken) >= max_records:
-                break
-            taken.append(offset)
-        while len(taken) < max_records and self.end_offset < log_end:
-            self.records[self.end_offset] = InFlight(RecordState.AVAILABLE, 0)
-            taken.append(self.end_offset)
-            self.end_offset += 1
-        ranges: list[tuple[int, int, int]] = []
-        for offset in sorted(taken):
-            r = self.records[offset]
-            r.state, r.member_id, r.lock_id = RecordState.ACQUIRED, member_id, lock_id
-            r.delivery_count += 1
-            if ranges and ranges[-1][1] == offset - 1 and ranges[-1][2] == r.delivery_count:
-                ranges[-1] = (ranges[-1][0], offset, r.delivery_count)
-            else:
-                ranges.append((offset, offset, r.delivery_count))
-        return lock_id, ranges
+        again = np.flatnonzero(self.state == _AVAILABLE)[:max(max_records, 0)]
+        new = max(0, min(max_records - len(again), log_end - self.end_offset))
+        if new:
+            n = len(self.state)
+            self._grow(new)
+            again = np.concatenate([again, np.arange(n, n + new)])
+        if not len(again):
+            return lock_id, []
+        self.state[again] = _ACQUIRED
+        self.member[again] = self._member_index(member_id)
+        self.lock[again] = lock_id
+        self.count[again] += 1
+        counts = self.count[again]
+        breaks = np.flatnonzero((np.diff(again) != 1) | (np.diff(counts) != 0)) + 1
+        starts = np.concatenate([[0], breaks])
+        ends = np.concatenate([breaks, [len(again)]]) - 1
+        base = self.start_offset
+        return lock_id, [(int(base + again[a]), int(base + again[b]), int(counts[a])) for a, b in zip(starts, ends)]
 
     def has_available(self, log_end: int) -> bool:
-        return self.end_offset < log_end or any(r.state == RecordState.AVAILABLE for r in self.records.values())
+        return self.end_offset < log_end or bool((self.state == _AVAILABLE).any())
 
     # -- acknowledging ---------------------------------------------------------------------
 
@@ -83,94 +89,106 @@ class SharePartition:
         """Apply acknowledgement batches (first, last, types) atomically: every offset must be
         acquired by this member, or nothing changes (InvalidRecordState). Returns the lock ids
         of renewed records."""
-        plan: list[tuple[int, int]] = []
+        member = self._member_ids.get(member_id, -2)
+        plan: list[tuple[np.ndarray, np.ndarray]] = []
         for first, last, types in batches:
             if last < first or not types or (len(types) != 1 and len(types) != last - first + 1):
                 raise InvalidRecordState(f"bad acknowledgement batch {first}-{last}")
-            for i, offset in enumerate(range(first, last + 1)):
-                kind = types[0] if len(types) == 1 else types[i]
-                if kind not in (ACK_GAP, ACK_ACCEPT, ACK_RELEASE, ACK_REJECT, ACK_RENEW):
-                    raise InvalidRecordState(f"unknown acknowledge type {kind}")
-                r = self.records.get(offset)
-                if kind == ACK_GAP and r is None:
-                    continue
-                if r is None or r.state != RecordState.ACQUIRED or r.member_id != member_id:
-                    raise InvalidRecordState(f"record {offset} is not acquired by member {member_id}")
-                plan.append((offset, kind))
+            kinds = np.asarray(types, dtype=np.int8)
+            if not np.isin(kinds, _ACK_TYPES).all():
+                raise InvalidRecordState("unknown acknowledge type")
+            kinds = np.broadcast_to(kinds, (last - first + 1,))
+            index = np.arange(first, last + 1, dtype=np.int64) - self.start_offset
+            inside = (index >= 0) & (index < len(self.state))
+            if not inside[kinds != ACK_GAP].all():
+                raise InvalidRecordState(f"records {first}-{last} are not acquired by member {member_id}")
+            index, kinds = index[inside], kinds[inside]
+            if not ((self.state[index] == _ACQUIRED) & (self.member[index] == member)).all():
+                raise InvalidRecordState(f"records {first}-{last} are not acquired by member {member_id}")
+            plan.append((index, kinds))
         renewed: set[int] = set()
-        for offset, kind in plan:
-            r = self.records[offset]
-            if kind in (ACK_ACCEPT, ACK_GAP):
-                self._done(r, RecordState.ACKNOWLEDGED if kind == ACK_ACCEPT else RecordState.ARCHIVED)
-            elif kind == ACK_REJECT:
-                self._done(r, RecordState.ARCHIVED)
-            elif kind == ACK_RELEASE:
-                self._release(r, limit)
-            else:
-                renewed.add(r.lock_id)
+        for index, kinds in plan:
+            accept = index[(kinds == ACK_ACCEPT)]
+            archive = index[(kinds == ACK_REJECT) | (kinds == ACK_GAP)]
+            release = index[kinds == ACK_RELEASE]
+            renewed.update(int(x) for x in np.unique(self.lock[index[kinds == ACK_RENEW]]))
+            self._finish(accept, _ACKNOWLEDGED)
+            self._finish(archive, _ARCHIVED)
+            self._release(release, limit)
         self._advance()
         return renewed
 
     def release_lock(self, lock_id: int, limit: int) -> bool:
         """The lock of one acquisition timed out: its records still acquired become available
         (or archived past the limit). True if anything changed."""
-        changed = False
-        for r in self.records.values():
-            if r.state == RecordState.ACQUIRED and r.lock_id == lock_id:
-                self._release(r, limit)
-                changed = True
+        index = np.flatnonzero((self.state == _ACQUIRED) & (self.lock == lock_id))
+        self._release(index, limit)
         self._advance()
-        return changed
+        return bool(len(index))
 
     def release_member(self, member_id: str, limit: int) -> bool:
-        changed = False
-        for r in self.records.values():
-            if r.state == RecordState.ACQUIRED and r.member_id == member_id:
-                self._release(r, limit)
-                changed = True
+        member = self._member_ids.get(member_id)
+        if member is None:
+            return False
+        index = np.flatnonzero((self.state == _ACQUIRED) & (self.member == member))
+        self._release(index, limit)
         self._advance()
-        return changed
+        return bool(len(index))
 
     def acquired_locks(self) -> set[int]:
-        return {r.lock_id for r in self.records.values() if r.state == RecordState.ACQUIRED}
+        return {int(x) for x in np.unique(self.lock[self.state == _ACQUIRED])}
 
-    @staticmethod
-    def _release(r: InFlight, limit: int) -> None:
-        r.state = RecordState.ARCHIVED if r.delivery_count >= limit else RecordState.AVAILABLE
-        r.member_id, r.lock_id = None, 0
+    def _release(self, index: np.ndarray, limit: int) -> None:
+        self.state[index] = np.where(self.count[index] >= limit, _ARCHIVED, _AVAILABLE)
+        self.member[index] = -1
+        self.lock[index] = 0
 
-    @staticmethod
-    def _done(r: InFlight, state: RecordState) -> None:
-        r.state, r.member_id, r.lock_id = state, None, 0
+    def _finish(self, index: np.ndarray, state: int) -> None:
+        self.state[index] = state
+        self.member[index] = -1
+        self.lock[index] = 0
+
+    def _grow(self, n: int) -> None:
+        self.state = np.concatenate([self.state, np.full(n, _AVAILABLE, dtype=np.int8)])
+        self.count = np.concatenate([self.count, np.zeros(n, dtype=np.int16)])
+        self.lock = np.concatenate([self.lock, np.zeros(n, dtype=np.int32)])
+        self.member = np.concatenate([self.member, np.full(n, -1, dtype=np.int32)])
+        self.end_offset += n
+
+    def _drop_front(self, k: int) -> None:
+        self.state, self.count = self.state[k:], self.count[k:]
+        self.lock, self.member = self.lock[k:], self.member[k:]
+        self.start_offset += k
 
     def _advance(self) -> None:
-        while True:
-            r = self.records.get(self.start_offset)
-            if self.start_offset >= self.end_offset or r is None or r.state not in (
-                    RecordState.ACKNOWLEDGED, RecordState.ARCHIVED):
-                return
-            del self.records[self.start_offset]
-            self.start_offset += 1
+        done = (self.state == _ACKNOWLEDGED) | (self.state == _ARCHIVED)
+        k = len(done) if done.all() else int(np.argmin(done))
+        if k:
+            self._drop_front(k)
 
     def _skip_to(self, offset: int) -> None:
         """Records deleted from the log (retention) are gone from the share-partition too."""
-        for o in [o for o in self.records if o < offset]:
-            del self.records[o]
-        self.start_offset = offset
-        self.end_offset = max(self.end_offset, offset)
+        if offset >= self.end_offset:
+            self._drop_front(len(self.state))
+            self.start_offset = self.end_offset = offset
+        else:
+            self._drop_front(offset - self.start_offset)
 
     # -- durability ------------------------------------------------------------------------
 
     def to_json(self) -> str:
         """What survives a restart: locks do not, so acquired records are stored as available
         with their delivery counts (they are offered again, as Kafka does)."""
-        return json.dumps({
-            "start": self.start_offset, "end": self.end_offset,
-            "records": [[o, int(RecordState.AVAILABLE if r.state == RecordState.ACQUIRED else r.state),
-                         r.delivery_count] for o, r in sorted(self.records.items())],
-        })
+        states = np.where(self.state == _ACQUIRED, _AVAILABLE, self.state)
+        return json.dumps({"start": self.start_offset, "end": self.end_offset,
+                           "states": states.tolist(), "counts": self.count.tolist()})
 
     @classmethod
     def from_json(cls, text: str) -> "SharePartition":
         d = json.loads(text)
-        return cls(d["start"], d["end"], {o: InFlight(RecordState(s), n) for o, s, n in d["records"]})
+        if "records" in d:  # the first layout: one [offset, state, count] per record
+            rows = sorted(d["records"])
+            return cls(d["start"], d["end"], np.asarray([r[1] for r in rows], dtype=np.int8),
+                       np.asarray([r[2] for r in rows], dtype=np.int16))
+        return cls(d["start"], d["end"], np.asarray(d["states"], dtype=np.int8),
+                   np.asarray(d["counts"], dtype=np.int16))
