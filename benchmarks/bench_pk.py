@@ -83,7 +83,8 @@ class RocksdbReference:
         self.dbs = [_open_rdict(tmp / f"ref-{b}", True) for b in range(buckets)]
         self.opts = _write_options()
 
-    def _split(self, table: pa.Table, keys: list[bytes]) -> list[list[int]]:
+    def _split(self, table: pa.Table) -> list[list[int]]:
+        """Row positions per database (ids spread by modulo: the reference needs no murmur2)."""
         ids = table.column("id").to_numpy()
         return [np.flatnonzero(ids % self.buckets == b).tolist() for b in range(self.buckets)]
 
@@ -95,7 +96,7 @@ class RocksdbReference:
         for t in batches:
             keys = self.layout.storage_keys(t).to_pylist()
             values = self.codec.encode(struct_of(t)).to_pylist()
-            encoded.append([([keys[i] for i in sel], [values[i] for i in sel]) for sel in self._split(t, keys)])
+            encoded.append([([keys[i] for i in sel], [values[i] for i in sel]) for sel in self._split(t)])
         rows = 0
         start = time.perf_counter()
         for per in encoded:
@@ -112,7 +113,7 @@ class RocksdbReference:
         self.lookups = []
         for t in lookup_keys:
             keys = self.layout.storage_keys(t).to_pylist()
-            self.lookups.append([[keys[i] for i in sel] for sel in self._split(t, keys)])
+            self.lookups.append([[keys[i] for i in sel] for sel in self._split(t)])
         self.singles = [(int(k) % self.buckets,
                          self.layout.storage_keys(pa.table({"id": pa.array([int(k)], pa.int64())}))[0].as_py())
                         for k in singles]
