@@ -182,9 +182,13 @@ async def share_fetch(ctx: RequestContext, request):
             session.partitions.discard((f.topic_id, p))
     acks, touched = _apply_acks(ctx, coord, group_id, member_id, request.topics)
     answers: dict[tuple[uuid.UUID, int], dict] = {}
+    renew_only = ctx.version >= 2 and request.is_renew_ack
     if epoch == -1:
         await coord.persist(touched)
         await coord.release_session(group_id, member_id)
+    elif renew_only:
+        # A fetch that carries renewals only (KIP-1222) acquires nothing new.
+        await coord.persist(touched)
     else:
         deadline = time.monotonic() + max(0, request.max_wait_ms) / 1000
         remaining_records = request.max_records if request.max_records > 0 else 500
