@@ -24,14 +24,14 @@ def beat(c, group, member, epoch, topics=None):
                                                            rack_id=None, subscribed_topic_names=topics))
 
 
-def fetch(c, group, member, epoch, tid, acks=(), max_records=100, wait_ms=0):
+def fetch(c, group, member, epoch, tid, acks=(), max_records=100, wait_ms=0, renew=False):
     part = SF.FetchTopic.FetchPartition(partition_index=0, partition_max_bytes=0, acknowledgement_batches=[
         SF.FetchTopic.FetchPartition.AcknowledgementBatch(first_offset=f, last_offset=last, acknowledge_types=t)
         for f, last, t in acks])
     r = c.request(ApiKey.SHARE_FETCH, 2, dict(
         group_id=group, member_id=member, share_session_epoch=epoch, max_wait_ms=wait_ms, min_bytes=1,
         max_bytes=1 << 20, max_records=max_records, batch_size=max_records, share_acquire_mode=0,
-        is_renew_ack=False, topics=[SF.FetchTopic(topic_id=tid, partitions=[part])], forgotten_topics_data=[]))
+        is_renew_ack=renew, topics=[SF.FetchTopic(topic_id=tid, partitions=[part])], forgotten_topics_data=[]))
     parts = [p for t in r.responses for p in t.partitions]
     return r, (parts[0] if parts else None)
 
@@ -150,3 +150,10 @@ def test_records_held_by_a_closed_connection_are_offered_again(fresh_broker, top
         started = time.monotonic()
         _, part = fetch(c, group, "y", 0, tid, wait_ms=3000)
         assert acquired(part) == [(0, 4, 2)] and time.monotonic() - started < 10
+        # A fetch carrying only renewals (KIP-1222) renews and acquires nothing new.
+        p.produce(topic_name, value=b"v5")
+        assert p.flush(15) == 0
+        _, part = fetch(c, group, "y", 1, tid, acks=[(0, 4, [4])], renew=True)
+        assert part.acknowledge_error_code == 0 and acquired(part) == []
+        _, part = fetch(c, group, "y", 2, tid, acks=[(0, 4, [ACCEPT])])
+        assert part.acknowledge_error_code == 0 and acquired(part) == [(5, 5, 1)]
