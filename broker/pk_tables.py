@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -736,15 +736,20 @@ async def write_rows(bucket: Bucket, rows: pa.RecordBatch, *, deletes: np.ndarra
                      partial_columns: list[str] | None = None, meta: BatchMeta | None = None,
                      timestamps: np.ndarray | None = None, headers: pa.Array | None = None,
                      check_bucket: bool = True, on_append: Callable[[BatchMeta], None] | None = None,
-                     changes: np.ndarray | None = None) -> BatchMeta:
+                     changes: np.ndarray | None = None,
+                     before: Callable[[], Awaitable[None]] | None = None) -> BatchMeta:
     """Upsert/delete rows of one bucket: merge (off the loop when large), append the
     changelog to the log tablet, then apply to RocksDB. Returns the changelog's meta
     (record_count 0 when nothing changed). Raises InvalidRecordError; then nothing is written.
     `on_append(meta)` runs right after the append (or the decision that nothing changed),
-    before anything else on the loop: the idempotent-producer state is recorded there."""
+    before anything else on the loop: the idempotent-producer state is recorded there.
+    `before()` runs first, holding the bucket's lock: no other write of the bucket comes
+    between it and this one (transactional applies record their progress there)."""
     pk = _state(bucket.table)
     kv = pk.buckets[bucket.index]
     async with kv.lock:
+        if before is not None:
+            await before()
         write, stored = await _prepare(pk, bucket, rows, deletes, partial_columns, timestamps, headers, check_bucket,
                                        changes)
         written, apply = _append(pk, bucket, write, stored, meta)
@@ -1041,11 +1046,12 @@ def changes_from_headers(headers: pa.Array | None, tombstone: np.ndarray) -> tup
 
 
 async def produce(bucket: Bucket, write: WriteRows, meta: BatchMeta,
-                  on_append: Callable[[BatchMeta], None] | None = None) -> BatchMeta:
+                  on_append: Callable[[BatchMeta], None] | None = None,
+                  before: Callable[[], Awaitable[None]] | None = None) -> BatchMeta:
     """Produce path: write what `to_write` decoded (the bucket was checked there)."""
     return await write_rows(bucket, write.rows, deletes=write.deletes, partial_columns=write.partial_columns,
                             meta=meta, timestamps=write.timestamps, headers=write.headers, check_bucket=False,
-                            on_append=on_append, changes=write.changes)
+                            on_append=on_append, changes=write.changes, before=before)
 
 
 # ---------------------------------------------------------------- the Kafka fetch views

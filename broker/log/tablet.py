@@ -173,6 +173,9 @@ class LogTablet:
             segments[-1].open_for_append()
         self._log_start = log_start
         self._empty_end = log_end
+        # The log end this process found (before any append of its own): lets a process tell
+        # what an earlier one appended from what it appends itself.
+        self.opened_end_offset = log_end
         self._view = _SegmentList.of(segments)
         self.leader_epochs.truncate_from_end(log_end)
         self._flushed_offset = log_end

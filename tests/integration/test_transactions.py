@@ -379,6 +379,75 @@ def test_primary_key_table_applies_only_committed_transactions(fresh_broker, top
     assert 11 in balances and 50 in balances
 
 
+def test_committed_pk_transaction_applies_exactly_once_across_kill9_mid_apply(fresh_broker, topic_name,
+                                                                             monkeypatch):
+    """An aggregation table counts every applied write: a commit killed (-9) between applying
+    two held batches of a bucket is completed after the restart without applying the first
+    one again, and a later transaction of the same producer is not steered by that one's
+    progress."""
+    import json
+
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from fluvial.client import connect
+    from tests.integration.test_pk_retract import create_topic, lookup_all
+    from tests.support.changelog_join import T1_AVRO
+
+    b = fresh_broker()
+    create_topic(b, topic_name, **{"fluvial.merge.engine": "aggregation", "fluvial.agg.level": "sum"})
+    sr = SchemaRegistryClient({"url": b.http_url})
+    latest = {"auto.register.schemas": False, "use.latest.version": True}
+    key_ser, value_ser = AvroSerializer(sr, None, conf=latest), AvroSerializer(sr, json.dumps(T1_AVRO), conf=latest)
+
+    def send(p, i: int, level: int) -> None:
+        p.produce(topic_name, key=key_ser({"id": i}, SerializationContext(topic_name, MessageField.KEY)),
+                  value=value_ser({"id": i, "level": level, "attr": "a"},
+                                  SerializationContext(topic_name, MessageField.VALUE)))
+
+    def two_held_batches(p, first: int, second: int) -> None:
+        p.begin_transaction()
+        for i in (1, 2):
+            send(p, i, first)
+        p.flush(10)              # one held batch ...
+        for i in (1, 2):
+            send(p, i, second)
+        p.flush(10)              # ... and a second one, in the same bucket
+
+    p = _producer(b.bootstrap, f"agg-{topic_name}", partitioner="murmur2_random")
+    p.init_transactions(15)
+    two_held_batches(p, 1, 10)
+    b.kill9()                       # restart with the crash point armed for the commit's apply
+    monkeypatch.setenv("FLUVIAL_TXN_CRASH_AT", "pk-apply")
+    b.start()
+    monkeypatch.delenv("FLUVIAL_TXN_CRASH_AT")
+    p = _producer(b.bootstrap, f"agg2-{topic_name}", partitioner="murmur2_random", **{"message.timeout.ms": 8000})
+    p.init_transactions(15)
+    two_held_batches(p, 100, 1000)
+    with pytest.raises(Exception):
+        p.commit_transaction(4)      # the broker dies after applying the first held batch
+    b.proc.wait(10)
+    b.proc = None
+    b.start()                       # the prepared commit is completed: the second batch only
+    import time as _time
+    expected = {1: (1, 1100, "a"), 2: (2, 1100, "a")}
+    with connect(b.flight_url) as client:
+        deadline = _time.monotonic() + 15   # the restarted broker completes it in the background
+        while (rows := lookup_all(client, topic_name, [1, 2])) != expected and _time.monotonic() < deadline:
+            _time.sleep(0.2)
+        assert rows == expected
+        _time.sleep(1)
+        assert lookup_all(client, topic_name, [1, 2]) == expected   # and not once more later
+    # The same producer's next transaction applies whole.
+    p = _producer(b.bootstrap, f"agg2-{topic_name}", partitioner="murmur2_random")
+    p.init_transactions(15)
+    two_held_batches(p, 5, 7)
+    p.commit_transaction(15)
+    with connect(b.flight_url) as client:
+        assert lookup_all(client, topic_name, [1, 2]) == {1: (1, 1112, "a"), 2: (2, 1112, "a")}
+
+
 def test_index_survives_restart_and_deleted_records_and_ids_expire(fresh_broker, topic_name):
     """The aborted-transaction index is rebuilt after kill -9, also once records before it are
     deleted; an idle transactional id is forgotten after transactional.id.expiration.ms."""
