@@ -43,6 +43,9 @@ class ScanPlan:
     # stops at the last stable offset and leaves out aborted batches.
     txns: Any = None
     read_committed: bool = True
+    # The broker's transaction index: a following scan of a bucket that held no transaction
+    # when it started looks again each round (the bucket's first may begin meanwhile).
+    txn_index: Any = None
 
     @property
     def used_columns(self) -> frozenset[str]:
@@ -196,6 +199,14 @@ def scan_bucket(plan: ScanPlan, stats: ScanStats, wait_for_data: Callable[[int],
                       if plan.end is None or s.meta.base_offset < plan.end]
         else:
             limit = plan.end
+            if plan.txns is None and plan.follow and plan.read_committed and plan.txn_index is not None:
+                # The high watermark is read before the index: a bucket's index exists before
+                # its first transactional batch is appended, so a batch the look missed lies
+                # beyond this round's reach.
+                hw = tablet.high_watermark
+                plan.txns = plan.txn_index.get(plan.bucket)
+                if plan.txns is None:
+                    limit = hw if limit is None else min(limit, hw)
             if plan.txns is not None and plan.read_committed:
                 lso = plan.txns.last_stable_offset(tablet.high_watermark)
                 limit = lso if limit is None else min(limit, lso)

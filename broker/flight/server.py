@@ -183,6 +183,7 @@ class TableFlightServer(flight.FlightServerBase):
             index = self.broker.extensions.get("txn_index")
             if index is not None:
                 plan.txns = index.get(bucket)  # may read the bucket's index once: a Flight thread
+                plan.txn_index = index
         stats = ScanStats()
 
         def cancelled() -> bool:

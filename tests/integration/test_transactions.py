@@ -328,6 +328,43 @@ def test_table_scans_read_committed(broker, topic):
     assert values[-2:] == [b"open-0", b"after-open"]
 
 
+def test_following_scan_started_before_the_first_transaction_reads_committed(broker, topic):
+    """A follow() scan opened on a bucket that never held a transaction keeps read_committed
+    when the bucket's first transaction begins meanwhile: aborted rows never reach it."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    from fluvial import client as fc
+    from tests.integration.test_flight_follow import follow_in_background
+
+    with fc.connect(broker.flight_url) as c:
+        started = threading.Event()
+        got, thread = follow_in_background(c.table(topic).scan(columns=["value"]), 5, started)
+        assert started.wait(10)
+        plain = Producer({"bootstrap.servers": broker.bootstrap})
+        plain.produce(topic, value=b"plain-0")
+        plain.flush(10)
+        p = _producer(broker.bootstrap, f"follow-{topic}")
+        p.init_transactions(15)
+        p.begin_transaction()
+        for i in range(3):
+            p.produce(topic, value=b"aborted-%d" % i)
+        p.flush(10)
+        import time as _time
+        _time.sleep(1)                # the follower looks while the transaction is open
+        p.abort_transaction(15)
+        p.begin_transaction()
+        for i in range(3):
+            p.produce(topic, value=b"committed-%d" % i)
+        p.commit_transaction(15)
+        plain.produce(topic, value=b"plain-1")
+        plain.flush(10)
+        thread.join(20)
+    values = [r["value"] for r in got]
+    assert values == [b"plain-0", b"committed-0", b"committed-1", b"committed-2", b"plain-1"]
+
+
 def test_primary_key_table_applies_only_committed_transactions(fresh_broker, topic_name):
     """Aborted upserts never reach lookups, scans or the changelog; committed ones do, also
     when the broker is killed (-9) between the produce and the commit."""
