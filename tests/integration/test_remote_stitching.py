@@ -18,7 +18,8 @@ from tests.support.broker_process import BrokerProcess
 N_COLUMNS = 20
 BATCH_ROWS = 500
 BATCHES = 60
-SEGMENT_BYTES = 1024 * 1024
+# Small enough that the (zstd-compressed, typed) table spans several remote segments.
+SEGMENT_BYTES = 256 * 1024
 
 
 def schema20() -> pa.Schema:
