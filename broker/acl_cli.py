@@ -57,8 +57,9 @@ def _password(args) -> str:
     return password
 
 
-def client_config(args) -> dict[str, str]:
-    conf = {"bootstrap.servers": args.bootstrap, "client.id": "fluvial-acl"}
+def client_config(args, client_id: str = "fluvial-acl") -> dict[str, str]:
+    """librdkafka settings of the admin tools (`fluvial acl`, `fluvial user`) from their options."""
+    conf = {"bootstrap.servers": args.bootstrap, "client.id": client_id}
     if args.security_protocol:
         conf["security.protocol"] = args.security_protocol
     if args.sasl_mechanism:
@@ -69,7 +70,7 @@ def client_config(args) -> dict[str, str]:
     for key in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location"):
         value = getattr(args, key.replace(".", "_"))
         if value:
-            conf[key] = value
+            conf[key] = str(value)
     if args.command_config:
         conf.update(read_properties(args.command_config))
     for item in args.X or []:

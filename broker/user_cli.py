@@ -38,31 +38,8 @@ PASSWORD_ENV = "FLUVIAL_PASSWORD"
 
 
 def _client_config(args) -> dict[str, str]:
-    from fluvial.broker.acl_cli import read_properties
-    conf = {"bootstrap.servers": args.bootstrap, "client.id": "fluvial-user"}
-    if args.security_protocol:
-        conf["security.protocol"] = args.security_protocol
-    if args.sasl_mechanism:
-        conf["sasl.mechanism"] = args.sasl_mechanism
-    if args.username:
-        conf["sasl.username"] = args.username
-        password = _read_password(args.password_file, PASSWORD_ENV, None)
-        if password is None:
-            raise SystemExit(f"error: --username {args.username} needs a password: set ${PASSWORD_ENV} "
-                             f"or --password-file")
-        conf["sasl.password"] = password
-    for key, attr in (("ssl.ca.location", "ssl_ca_location"), ("ssl.certificate.location", "ssl_certificate_location"),
-                      ("ssl.key.location", "ssl_key_location")):
-        if getattr(args, attr):
-            conf[key] = str(getattr(args, attr))
-    if args.command_config:
-        conf.update(read_properties(args.command_config))
-    for item in args.X or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"-X takes key=value, not {item!r}")
-        conf[key] = value
-    return conf
+    from fluvial.broker.acl_cli import client_config
+    return client_config(args, "fluvial-user")
 
 
 def _offline_store(data_dir: Path):
