@@ -209,7 +209,7 @@ def settle_garbage_collector() -> None:
 
 
 # Services beside the Kafka listener; each registers its start/stop hooks on import.
-SERVICES = ["fluvial.broker.metrics", "fluvial.broker.registry_service", "fluvial.broker.console", "fluvial.broker.pk_tables", "fluvial.broker.flight",
+SERVICES = ["fluvial.broker.metrics", "fluvial.broker.registry_service", "fluvial.broker.console", "fluvial.kv.pk_tables", "fluvial.broker.flight",
             "fluvial.tiering.lake.service", "fluvial.broker.log_cleaner"]
 
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from fluvial.broker import kafka_batches, pk_tables
+from fluvial.broker import kafka_batches
+from fluvial.kv import pk_tables
 from fluvial.broker.log.batch_meta import ATTR_CONTROL, ATTR_TRANSACTIONAL
 from fluvial.broker.metadata import MetadataStore
 from fluvial.broker.txn_index import ABORT, COMMIT, TransactionIndex

@@ -26,7 +26,7 @@ import os
 import struct
 from pathlib import Path
 
-from fluvial.broker import pk_tables
+from fluvial.kv import pk_tables
 from fluvial.broker.log.batch_meta import ATTR_CONTROL, ATTR_TRANSACTIONAL
 from fluvial.broker.log.checkpoint import fsync_directory
 from fluvial.protocol.records import parse_batch_header

@@ -103,7 +103,7 @@ def lookup(broker, loop, name: str, raw_keys: dict[str, str]) -> tuple[list[str]
     for the rows' durability). ValueError for keys that do not fit the key columns."""
     import asyncio
 
-    from fluvial.broker import pk_tables
+    from fluvial.kv import pk_tables
     table = table_or_404(broker, name)
     if not pk_tables.is_primary_key(table):
         raise ValueError(f"table {name!r} has no primary key: look rows up in a primary-key table")

@@ -92,7 +92,7 @@ def describe(table: Table) -> dict:
 
 
 def _kv_stats(table: Table) -> dict | None:
-    from fluvial.broker import pk_tables
+    from fluvial.kv import pk_tables
     return pk_tables.kv_stats(table)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from fluvial.broker import pk_tables
+from fluvial.kv import pk_tables
 from fluvial.errors import InvalidRequestError
 
 LOOKUP = "lookup"

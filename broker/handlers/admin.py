@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 
-from fluvial.broker import pk_tables
+from fluvial.kv import pk_tables
 from fluvial.broker.tables import check_bucket_growth
 from fluvial.broker.config import TOPIC_CONFIGS
 from fluvial.broker.config_resources import RESOURCE_BROKER, RESOURCE_GROUP, RESOURCE_TOPIC

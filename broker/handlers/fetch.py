@@ -13,7 +13,8 @@ import weakref
 
 import numpy as np
 
-from fluvial.broker import kafka_batches, pk_tables
+from fluvial.broker import kafka_batches
+from fluvial.kv import pk_tables
 from fluvial.broker.authorization import allowed
 from fluvial.broker.read_ahead import ReadAhead, next_offset
 from fluvial.broker.handlers import RequestContext, handles

@@ -10,7 +10,8 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from fluvial.broker import kafka_batches, pk_tables
+from fluvial.broker import kafka_batches
+from fluvial.kv import pk_tables
 from fluvial.broker.authorization import allowed
 from fluvial.broker.handlers import Deferred, RequestContext, handles
 from fluvial.broker.log.batch_meta import ATTR_TRANSACTIONAL

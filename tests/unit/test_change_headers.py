@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from fluvial.broker.kafka_batches import HEADERS_TYPE
-from fluvial.broker.pk_tables import changes_from_headers
+from fluvial.kv.pk_tables import changes_from_headers
 from fluvial.errors import InvalidRecordError
 from fluvial.kv import ChangeType
 
