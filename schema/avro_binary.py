@@ -215,11 +215,201 @@ def decode_avro(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.ndarr
     Records with problems get a message in `errors` (and a placeholder value); records
     whose value does not fill exactly [pos, end) are refused as well.
     """
-    cur = _Cursor(data, pos.astype(np.int64), end.astype(np.int64), rows, errors)
+    pos, end = pos.astype(np.int64), end.astype(np.int64)
+    if USE_NATIVE and data.dtype == np.uint8 and data.flags.c_contiguous:
+        arr = _decode_native(node, data, pos, end)
+        if arr is not None:
+            return arr
+    cur = _Cursor(data, pos, end, rows, errors)
     arr = _decode(node, cur, "")
     left = cur.end - cur.pos
     cur.fail(left > 0, "value has bytes left over after the record: it does not match its writer schema")
     return arr
+
+
+# ---------------------------------------------------------------- whole-batch decoding in C
+
+class _Op:
+    """Operations of a schema program (mirrored by the OP_ enum of schema/_avro.c)."""
+
+    NULL, BOOLEAN, INT, LONG, FIXED, BLOB, ENUM, RECORD, ARRAY, MAP, NULLABLE, SINGLE, DECIMAL_BYTES, \
+        DECIMAL_FIXED = range(14)
+
+
+class _NoProgram(Exception):
+    """The schema has a part the compiled decoder does not take (the NumPy decoder does)."""
+
+
+@dataclass
+class _Program:
+    """A writer schema flattened for `_avro.decode_batch`: one entry per schema position
+    (a named type used twice is two entries: each gets its own column buffers)."""
+
+    code: np.ndarray  # int64: node count, kid count, (op, a, b, first kid, kid count) per node, kids
+    nodes: list[tuple[int, AvroNode, list[int]]]  # (op, Avro node, kids) per entry, for assembling
+
+
+_PROGRAMS: dict[int, tuple[AvroNode, _Program | None]] = {}
+
+
+def _program(node: AvroNode) -> _Program | None:
+    """The compiled program of a writer schema's root, built once per schema."""
+    hit = _PROGRAMS.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    rows: list[list[int]] = []
+    nodes: list[tuple[int, AvroNode, list[int]]] = []
+    kids_of: list[list[int]] = []
+
+    def add(n: AvroNode, depth: int) -> int:
+        if depth > 64:  # recursive named types have no column type anyway
+            raise _NoProgram
+        i = len(rows)
+        rows.append([])
+        nodes.append((0, n, []))
+        kids_of.append([])
+        k, lg = n.kind, n.logical
+        a = b = 0
+        kids: list[int] = []
+        if k == "union":
+            if len(n.branches) == 1:
+                op, kids = _Op.SINGLE, [add(n.branches[0], depth + 1)]
+            elif n.nullable_value() is not None:
+                op, a, kids = _Op.NULLABLE, n.null_branch, [add(n.nullable_value(), depth + 1)]
+            else:
+                raise _NoProgram
+        elif lg == "decimal":
+            width = 16 if n.precision <= 38 else 32
+            if k == "fixed":
+                if not 1 <= n.size <= width:
+                    raise _NoProgram
+                op, a, b = _Op.DECIMAL_FIXED, n.size, width
+            else:
+                op, a = _Op.DECIMAL_BYTES, width
+        elif k in ("null", "boolean", "int", "long", "bytes", "string", "enum"):
+            op = {"null": _Op.NULL, "boolean": _Op.BOOLEAN, "int": _Op.INT, "long": _Op.LONG, "bytes": _Op.BLOB,
+                  "string": _Op.BLOB, "enum": _Op.ENUM}[k]
+            a = len(n.symbols) if k == "enum" else 0
+        elif k in ("float", "double", "fixed"):
+            op, a = _Op.FIXED, {"float": 4, "double": 8}.get(k, n.size)
+        elif k == "record":
+            op, kids = _Op.RECORD, [add(f.type, depth + 1) for f in n.fields]
+        elif k == "array":
+            op, kids = _Op.ARRAY, [add(n.items, depth + 1)]
+        elif k == "map":
+            op, kids = _Op.MAP, [add(_MAP_KEY, depth + 1), add(n.values, depth + 1)]
+        else:
+            raise _NoProgram
+        rows[i] = [op, a, b]
+        nodes[i] = (op, n, kids)
+        kids_of[i] = kids
+        return i
+
+    try:
+        add(node, 0)
+        flat: list[int] = []
+        code = [len(rows), sum(len(k) for k in kids_of)]
+        for row, kids in zip(rows, kids_of):
+            code += [*row, len(flat), len(kids)]
+            flat += kids
+        program: _Program | None = _Program(np.array(code + flat, np.int64), nodes)
+    except _NoProgram:
+        program = None
+    _PROGRAMS[id(node)] = (node, program)
+    return program
+
+
+_MAP_KEY = AvroNode("string")
+
+
+class _Refused(Exception):
+    """A check after the compiled pass failed: the NumPy decoder names the records."""
+
+
+def _decode_native(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.ndarray) -> pa.Array | None:
+    """The batch decoded by `_avro.decode_batch`, or None when a record has a problem (or the
+    schema has a part the compiled decoder does not take): the NumPy decoder then runs."""
+    program = _program(node)
+    if program is None:
+        return None
+    out = _native.decode_batch(program.code, data, pos, end)
+    if isinstance(out, int):
+        return None
+    try:
+        return _assemble(program, out, 0)
+    except _Refused:
+        return None
+
+
+def _assemble(program: _Program, out: list, i: int) -> pa.Array:
+    """The Arrow array of program entry `i` from the buffers decode_batch filled."""
+    op, node, kids = program.nodes[i]
+    n, values, body = out[i]
+    k, lg = node.kind, node.logical
+    if op == _Op.NULL:
+        return pa.nulls(n)
+    if op == _Op.BOOLEAN:
+        bits = np.packbits(np.frombuffer(values, np.uint8), bitorder="little") if n else np.zeros(0, np.uint8)
+        return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bits)])
+    if op in (_Op.INT, _Op.LONG):
+        if node.arrow_type is not None and not lg:
+            v = np.frombuffer(values, np.int32 if op == _Op.INT else np.int64) if n else np.zeros(0, np.int64)
+            typ = avro_type_to_arrow(node)
+            if pa.types.is_integer(typ):
+                info = np.iinfo(typ.to_pandas_dtype())
+                if n and (v.min() < info.min or v.max() > info.max):
+                    raise _Refused
+            return pa.array(v, pa.int64()).cast(typ) if not pa.types.is_integer(typ) else \
+                pa.array(v.astype(typ.to_pandas_dtype()), typ)
+        if op == _Op.INT:
+            typ = {"date": pa.date32(), "time-millis": pa.time32("ms")}.get(lg, pa.int32())
+        else:
+            typ = avro_type_to_arrow(node) if lg else pa.int64()
+        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(values or b"")])
+    if op == _Op.FIXED:
+        typ = {"float": pa.float32(), "double": pa.float64()}.get(k) or pa.binary(node.size)
+        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(values or b"")])
+    if op == _Op.BLOB:
+        blobs = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(values), pa.py_buffer(body or b"")])
+        if k == "bytes":
+            return blobs
+        text = blobs.view(pa.string())
+        try:
+            text.validate(full=True)
+        except pa.ArrowInvalid:
+            raise _Refused from None
+        return text.cast(pa.large_string()) if node.arrow_type is not None and \
+            avro_type_to_arrow(node) == pa.large_string() else text
+    if op == _Op.ENUM:
+        return pa.array(node.symbols, pa.string()).take(pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(values or b"")]))
+    if op in (_Op.DECIMAL_BYTES, _Op.DECIMAL_FIXED):
+        typ = pa.decimal128(node.precision, node.scale) if node.precision <= 38 else \
+            pa.decimal256(node.precision, node.scale)
+        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(values or b"")])
+    if op == _Op.RECORD:
+        children = [_assemble(program, out, j) for j in kids]
+        typ = avro_type_to_arrow(node)
+        return pa.StructArray.from_arrays(children, fields=list(typ)) if children else pa.array([{}] * n, typ)
+    if op == _Op.SINGLE:
+        return _assemble(program, out, kids[0])
+    if op == _Op.NULLABLE:
+        child = _assemble(program, out, kids[0])
+        present = np.frombuffer(values, np.uint8).view(bool) if n else np.zeros(0, bool)
+        if len(child) == n:
+            return child
+        is_null = ~present
+        take = np.cumsum(present) - 1
+        take[is_null] = 0
+        return child.take(pa.array(take, mask=is_null))
+    # arrays and maps
+    typ = avro_type_to_arrow(node)
+    off = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(values)])
+    items = _assemble(program, out, kids[-1])
+    if op == _Op.ARRAY:
+        item_type = typ.value_type
+        return pa.ListArray.from_arrays(off, items.cast(item_type) if items.type != item_type else items, type=typ)
+    keys = _assemble(program, out, kids[0])
+    return pa.MapArray.from_arrays(off, keys, items, type=typ)
 
 
 def pad(buffer: np.ndarray) -> np.ndarray:
