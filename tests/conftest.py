@@ -75,6 +75,23 @@ def java_tools():
     return kafka_dist
 
 
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    """One local Spark session for every Spark test of the run (starting a SparkContext costs
+    seconds; the JVM is shared anyway): UTC, Fluvial's data source registered, the Kafka
+    source's jars on the launch command (above)."""
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'pyspark>=4.0')")
+    from fluvial.tiering.lake.spark_job import spark_session
+
+    session = spark_session("local[2]", {
+        "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
+        "spark.sql.streaming.stopTimeout": "30s", "spark.driver.memory": "2g",
+        "spark.local.dir": str(tmp_path_factory.mktemp("spark-local"))})
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
 @pytest.fixture
 def topic_name() -> str:
     return f"t-{uuid.uuid4().hex[:10]}"

@@ -21,7 +21,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext  # 
 import fluvial.client as fc  # noqa: E402
 from fluvial.tiering.lake.catalog import open_catalog  # noqa: E402
 from fluvial.tiering.lake.job import TieringWorker  # noqa: E402
-from fluvial.tiering.lake.spark_job import SparkRoundIO, spark_session  # noqa: E402
+from fluvial.tiering.lake.spark_job import SparkRoundIO  # noqa: E402
 from tests.support.iceberg_files import duckdb_rows  # noqa: E402
 
 EVENT = {"type": "record", "name": "Event", "fields": [
@@ -31,16 +31,6 @@ EVENT_V2 = {"type": "record", "name": "Event", "fields": [
     {"name": "note", "type": ["null", "string"], "default": None}]}
 ACCOUNT = {"type": "record", "name": "Account", "fields": [
     {"name": "id", "type": "long"}, {"name": "owner", "type": "string"}, {"name": "balance", "type": "long"}]}
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    session = spark_session("local[2]", {
-        "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g",
-        "spark.local.dir": str(tmp_path_factory.mktemp("spark-local"))})
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 def create(broker, name: str, schema: dict, partitions: int, **configs) -> None:

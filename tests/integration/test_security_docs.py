@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.support.broker_process import BrokerProcess
@@ -89,18 +88,7 @@ def run_shell(code: str, cwd: Path, env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
-def spark_session(tmp_path: Path):
-    pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'pyspark>=4.0')")
-    import fluvial.spark
-
-    return (pyspark.sql.SparkSession.builder.master("local[2]").appName("fluvial-security-guide")
-            .config("spark.jars", ",".join(fluvial.spark.kafka_jars()))
-            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "1g")
-            .config("spark.local.dir", str(tmp_path / "spark-local")).getOrCreate())
-
-
-def test_security_guide_runs_as_written(tmp_path, capsys):
+def test_security_guide_runs_as_written(tmp_path, capsys, request):
     text = DOC.read_text()
     all_blocks = blocks(text)
     python = [b for b in all_blocks if b.lang == "python" and not b.mark.startswith("not run")]
@@ -127,8 +115,8 @@ def test_security_guide_runs_as_written(tmp_path, capsys):
                 outputs.append(run_shell(guide.adapt(block.code), workdir))
             elif block in python:
                 if block in spark_blocks and spark is None:
-                    spark = namespace["spark"] = spark_session(tmp_path)
-                    spark.sparkContext.setLogLevel("ERROR")
+                    # The session every Spark test shares (skipped, saying why, without pyspark).
+                    spark = namespace["spark"] = request.getfixturevalue("spark")
                 if block in mtls_blocks:
                     guide.mtls.start(timeout=60)
                 exec(compile(guide.adapt(block.code), f"security.md:block{i + 1}", "exec"), namespace)  # noqa: S102
@@ -146,8 +134,6 @@ def test_security_guide_runs_as_written(tmp_path, capsys):
         assert check.get_watermark_offsets(TopicPartition("audit", 0), timeout=15) == (0, 1)
         check.close()
     finally:
-        if spark is not None:
-            spark.stop()
         guide.stop()
 
     # What the examples printed and left behind, checked here so that the guide's claims hold.

@@ -8,9 +8,7 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'py
 
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
 
-import fluvial.spark  # noqa: E402
 from benchmarks.secure_kafka import Credentials  # noqa: E402
 from tests.support.broker_process import BrokerProcess  # noqa: E402
 from tests.support.certs import make_pki  # noqa: E402
@@ -31,21 +29,6 @@ def secure_broker(tmp_path_factory, pki):
     b = BrokerProcess(data, *kafka_listener_args(pki)).start()
     yield b
     b.stop()
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    session = (SparkSession.builder.master("local[2]").appName("fluvial-security-tests")
-               .config("spark.jars", ",".join(fluvial.spark.kafka_jars()))
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.memory", "1g")
-               .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 def kafka_options(broker, pki, user: str, password: str) -> dict[str, str]:

@@ -18,7 +18,6 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from confluent_kafka.schema_registry import SchemaRegistryClient  # noqa: E402
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer  # noqa: E402
 from confluent_kafka.serialization import MessageField, SerializationContext  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 import fluvial.client as fc  # noqa: E402
@@ -28,24 +27,6 @@ from tests.support.broker_process import BrokerProcess, free_port  # noqa: E402
 from tests.unit.test_schema_codecs import SCHEMA20, make_record  # noqa: E402
 
 RECORDS = 100_000
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    session = (SparkSession.builder.master("local[2]").appName("fluvial-tests")
-               .config("spark.jars", ",".join(fluvial.spark.kafka_jars()))
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.streaming.stopTimeout", "30s")
-               .config("spark.driver.memory", "2g")
-               .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    fluvial.spark.register(session)
-    yield session
-    session.stop()
 
 
 def native(spark, broker, table: str, **options):

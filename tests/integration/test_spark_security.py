@@ -6,10 +6,8 @@ import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'pyspark>=4.0')")
 
-from pyspark.sql import SparkSession  # noqa: E402
 
 import fluvial.client as fc  # noqa: E402
-import fluvial.spark  # noqa: E402
 from fluvial.security.acls import AclOperation as Op  # noqa: E402
 from tests.support.certs import make_pki  # noqa: E402
 from tests.support.secured_broker import SecuredBroker, tls_security  # noqa: E402
@@ -17,17 +15,12 @@ from tests.support.secured_broker import SecuredBroker, tls_security  # noqa: E4
 USERS = {"admin": "admin-secret", "reader": "reader-secret"}
 
 
-def test_spark_reads_and_writes_with_credentials_over_tls(tmp_path):
+def test_spark_reads_and_writes_with_credentials_over_tls(tmp_path, spark):
     pki = make_pki(tmp_path / "pki")
     security = tls_security(pki, flight_tls=True, flight_auth="basic", authorizer=True, super_users=("User:admin",))
     broker = SecuredBroker(tmp_path / "data", security, USERS).start()
-    session = (SparkSession.builder.master("local[2]").appName("fluvial-security-tests")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").config("spark.local.dir", str(tmp_path / "spark"))
-               .getOrCreate())
+    session = spark
     try:
-        session.sparkContext.setLogLevel("ERROR")
-        fluvial.spark.register(session)
         with fc.connect(broker.flight_url, username="admin", password=USERS["admin"],
                         tls_root_certs=str(pki.ca)) as admin:
             admin.create_table("spark_secure", pa.schema([("id", pa.int64()), ("name", pa.string())]), buckets=2)
@@ -58,5 +51,4 @@ def test_spark_reads_and_writes_with_credentials_over_tls(tmp_path):
          .mode("append").save())
         assert reader("reader").load().count() == 101
     finally:
-        session.stop()
         broker.stop()

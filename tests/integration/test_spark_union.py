@@ -3,8 +3,6 @@ round: equal to the client's union read, with projection and pushed filters, aft
 retention; primary-key tables give their current rows; lake-only and log-only reads."""
 from __future__ import annotations
 
-import os
-import sys
 import uuid
 
 import pyarrow as pa
@@ -13,7 +11,6 @@ import pytest
 pytest.importorskip("pyspark", reason="pyspark is not installed")
 pytest.importorskip("pyiceberg")
 
-from pyspark.sql import SparkSession  # noqa: E402
 
 import fluvial.spark  # noqa: E402
 from fluvial.client import connect  # noqa: E402
@@ -23,22 +20,6 @@ from tests.integration.test_union_read_tiered import (  # noqa: E402
 from tests.support.lake import sort_rows  # noqa: E402
 
 __all__ = ["lake_broker"]  # the module-scoped broker fixture, shared
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    # Spark's Python workers run this interpreter, so they import the code under test.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (SparkSession.builder.master("local[2]").appName("fluvial-union-tests")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.python.filterPushdown.enabled", "true")
-               .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-union")))
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    fluvial.spark.register(session)
-    yield session
-    session.stop()
 
 
 def read(spark, broker, table: str, **options):

@@ -5,8 +5,6 @@ Spark's format("fluvial") return every row once, equal to a full Kafka read; a l
 round that has to read remote-only offsets brings the lake up to date with the same rows."""
 from __future__ import annotations
 
-import os
-import sys
 import time
 import uuid
 
@@ -49,25 +47,14 @@ def wait_remote_past(client, table: str, offsets: dict[int, int], timeout: float
         time.sleep(0.2)
 
 
-def spark_rows(broker, table: str) -> list[dict]:
-    from pyspark.sql import SparkSession
-
-    import fluvial.spark
-
-    # Spark's Python workers run this interpreter, so they import the code under test.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[2]").appName("fluvial-union-remote")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    fluvial.spark.register(spark)
+def spark_rows(spark, broker, table: str) -> list[dict]:
     df = (spark.read.format("fluvial").option("url", broker.flight_url).option("table", table)
           .option("includeMetadata", "true").load())
     got = [{k: r[k] for k in COLUMNS} for r in df.collect()]
     return sorted(got, key=lambda r: (r["_bucket"], r["_offset"]))
 
 
-def test_union_of_lake_and_remote_segments_equals_kafka_read(broker):
+def test_union_of_lake_and_remote_segments_equals_kafka_read(broker, spark):
     name = f"ur-{uuid.uuid4().hex[:8]}"
     with connect(broker.flight_url) as client:
         client.create_table(name, SCHEMA, buckets=BUCKETS, configs={**LAKE, **REMOTE})
@@ -98,7 +85,7 @@ def test_union_of_lake_and_remote_segments_equals_kafka_read(broker):
         assert sorted(got["id"].to_pylist()) == sorted(
             r["id"] for r in expected if r["amount"] >= 1000 and r["city"] is not None and r["city"] != "Lima")
 
-        assert spark_rows(broker, name) == expected
+        assert spark_rows(spark, broker, name) == expected
 
         # A lake tiering round reads the remote-only offsets after the lake's end.
         tier(broker, name)
