@@ -349,6 +349,50 @@ put_decimal(Buf *b, const uint8_t *src, int64_t len, int64_t width)
     return buf_put(b, le, (size_t)width);
 }
 
+/* The slot of a null in the column of a nullable primitive (zero bytes, an empty string):
+ * that column then has one value per record and takes the union's validity as it is,
+ * instead of being spread out by a take.  Nested types get no slot (their column holds
+ * the present values only). */
+static int
+put_placeholder(Node *nd)
+{
+    static const uint8_t zeros[32] = {0};
+    size_t width;
+    switch (nd->op) {
+    case OP_NULL:
+        width = 0;
+        break;
+    case OP_BOOLEAN:
+        width = 1;
+        break;
+    case OP_INT:
+    case OP_ENUM:
+        width = 4;
+        break;
+    case OP_LONG:
+        width = 8;
+        break;
+    case OP_FIXED:
+        if (nd->a > 32)
+            return OK;
+        width = (size_t)nd->a;
+        break;
+    case OP_DECIMAL_BYTES:
+        width = (size_t)nd->a;
+        break;
+    case OP_DECIMAL_FIXED:
+        width = (size_t)nd->b;
+        break;
+    case OP_BLOB:
+        nd->count++;
+        return put_offset(&nd->values, (int64_t)nd->body.len);
+    default:
+        return OK;
+    }
+    nd->count++;
+    return buf_put(&nd->values, zeros, width);
+}
+
 static int
 decode_value(Decoder *d, int64_t idx, int64_t *at, int64_t end)
 {
@@ -430,7 +474,9 @@ decode_value(Decoder *d, int64_t idx, int64_t *at, int64_t end)
         present = v != nd->a;
         if ((rc = buf_put(&nd->values, &present, 1)) != 0)
             return rc;
-        return present ? decode_value(d, d->kids[nd->first], at, end) : OK;
+        if (present)
+            return decode_value(d, d->kids[nd->first], at, end);
+        return put_placeholder(&d->nodes[d->kids[nd->first]]);
     }
     case OP_SINGLE:
         if (varint_next(buf, at, end, &v) != OK || v != 0)

@@ -246,7 +246,7 @@ class _Program:
     (a named type used twice is two entries: each gets its own column buffers)."""
 
     code: np.ndarray  # int64: node count, kid count, (op, a, b, first kid, kid count) per node, kids
-    nodes: list[tuple[int, AvroNode, list[int]]]  # (op, Avro node, kids) per entry, for assembling
+    nodes: list[tuple[int, AvroNode, list[int], pa.DataType | None]]  # (op, node, kids, Arrow type) per entry
 
 
 _PROGRAMS: dict[int, tuple[AvroNode, _Program | None]] = {}
@@ -258,7 +258,7 @@ def _program(node: AvroNode) -> _Program | None:
     if hit is not None and hit[0] is node:
         return hit[1]
     rows: list[list[int]] = []
-    nodes: list[tuple[int, AvroNode, list[int]]] = []
+    nodes: list[tuple[int, AvroNode, list[int], pa.DataType | None]] = []
     kids_of: list[list[int]] = []
 
     def add(n: AvroNode, depth: int) -> int:
@@ -266,7 +266,7 @@ def _program(node: AvroNode) -> _Program | None:
             raise _NoProgram
         i = len(rows)
         rows.append([])
-        nodes.append((0, n, []))
+        nodes.append((0, n, [], None))
         kids_of.append([])
         k, lg = n.kind, n.logical
         a = b = 0
@@ -301,7 +301,7 @@ def _program(node: AvroNode) -> _Program | None:
         else:
             raise _NoProgram
         rows[i] = [op, a, b]
-        nodes[i] = (op, n, kids)
+        nodes[i] = (op, n, kids, _column_type(op, n))
         kids_of[i] = kids
         return i
 
@@ -341,75 +341,88 @@ def _decode_native(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.nd
         return None
 
 
-def _assemble(program: _Program, out: list, i: int) -> pa.Array:
-    """The Arrow array of program entry `i` from the buffers decode_batch filled."""
-    op, node, kids = program.nodes[i]
-    n, values, body = out[i]
+def _column_type(op: int, node: AvroNode) -> pa.DataType | None:
+    """The Arrow type of a program entry's column, as the NumPy decoder types it."""
     k, lg = node.kind, node.logical
-    if op == _Op.NULL:
-        return pa.nulls(n)
-    if op == _Op.BOOLEAN:
-        bits = np.packbits(np.frombuffer(values, np.uint8), bitorder="little") if n else np.zeros(0, np.uint8)
-        return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bits)])
     if op in (_Op.INT, _Op.LONG):
         if node.arrow_type is not None and not lg:
-            v = np.frombuffer(values, np.int32 if op == _Op.INT else np.int64) if n else np.zeros(0, np.int64)
-            typ = avro_type_to_arrow(node)
-            if pa.types.is_integer(typ):
-                info = np.iinfo(typ.to_pandas_dtype())
-                if n and (v.min() < info.min or v.max() > info.max):
-                    raise _Refused
-            return pa.array(v, pa.int64()).cast(typ) if not pa.types.is_integer(typ) else \
-                pa.array(v.astype(typ.to_pandas_dtype()), typ)
+            return avro_type_to_arrow(node)
         if op == _Op.INT:
-            typ = {"date": pa.date32(), "time-millis": pa.time32("ms")}.get(lg, pa.int32())
-        else:
-            typ = avro_type_to_arrow(node) if lg else pa.int64()
-        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(values or b"")])
+            return {"date": pa.date32(), "time-millis": pa.time32("ms")}.get(lg, pa.int32())
+        return avro_type_to_arrow(node) if lg else pa.int64()
     if op == _Op.FIXED:
-        typ = {"float": pa.float32(), "double": pa.float64()}.get(k) or pa.binary(node.size)
-        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(values or b"")])
+        return {"float": pa.float32(), "double": pa.float64()}.get(k) or pa.binary(node.size)
+    if op in (_Op.DECIMAL_BYTES, _Op.DECIMAL_FIXED):
+        return pa.decimal128(node.precision, node.scale) if node.precision <= 38 else \
+            pa.decimal256(node.precision, node.scale)
+    if op == _Op.BLOB and k == "string":
+        return pa.large_string() if node.arrow_type is not None and avro_type_to_arrow(node) == pa.large_string() \
+            else pa.string()
+    if op in (_Op.RECORD, _Op.ARRAY, _Op.MAP):
+        return avro_type_to_arrow(node)
+    return None
+
+
+def _assemble(program: _Program, out: list, i: int) -> pa.Array:
+    """The Arrow array of program entry `i` from the buffers decode_batch filled."""
+    op, node, kids, typ = program.nodes[i]
+    n, values, body = out[i]
+    values = values or b""  # an empty buffer comes back as None
+    if op in (_Op.FIXED, _Op.DECIMAL_BYTES, _Op.DECIMAL_FIXED) or \
+            (op in (_Op.INT, _Op.LONG) and (node.arrow_type is None or node.logical)):
+        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(values)])
     if op == _Op.BLOB:
         blobs = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(values), pa.py_buffer(body or b"")])
-        if k == "bytes":
+        if typ is None:
             return blobs
         text = blobs.view(pa.string())
         try:
             text.validate(full=True)
         except pa.ArrowInvalid:
             raise _Refused from None
-        return text.cast(pa.large_string()) if node.arrow_type is not None and \
-            avro_type_to_arrow(node) == pa.large_string() else text
-    if op == _Op.ENUM:
-        return pa.array(node.symbols, pa.string()).take(pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(values or b"")]))
-    if op in (_Op.DECIMAL_BYTES, _Op.DECIMAL_FIXED):
-        typ = pa.decimal128(node.precision, node.scale) if node.precision <= 38 else \
-            pa.decimal256(node.precision, node.scale)
-        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(values or b"")])
+        return text if typ == pa.string() else text.cast(typ)
     if op == _Op.RECORD:
         children = [_assemble(program, out, j) for j in kids]
-        typ = avro_type_to_arrow(node)
-        return pa.StructArray.from_arrays(children, fields=list(typ)) if children else pa.array([{}] * n, typ)
-    if op == _Op.SINGLE:
-        return _assemble(program, out, kids[0])
+        if not children:
+            return pa.array([{}] * n, typ)
+        # The children are typed as the fields already: no need to check them again.
+        return pa.Array.from_buffers(typ, n, [None], children=children)
     if op == _Op.NULLABLE:
         child = _assemble(program, out, kids[0])
-        present = np.frombuffer(values, np.uint8).view(bool) if n else np.zeros(0, bool)
-        if len(child) == n:
-            return child
+        present = np.frombuffer(values, np.bool_)
+        if len(child) == n:  # a primitive with a slot per null (or no null at all)
+            if n == 0 or present.all():
+                return child
+            bits = pa.py_buffer(np.packbits(present, bitorder="little"))
+            return pa.Array.from_buffers(child.type, n, [bits, *child.buffers()[1:]])
         is_null = ~present
         take = np.cumsum(present) - 1
         take[is_null] = 0
         return child.take(pa.array(take, mask=is_null))
-    # arrays and maps
-    typ = avro_type_to_arrow(node)
-    off = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(values)])
-    items = _assemble(program, out, kids[-1])
-    if op == _Op.ARRAY:
-        item_type = typ.value_type
-        return pa.ListArray.from_arrays(off, items.cast(item_type) if items.type != item_type else items, type=typ)
-    keys = _assemble(program, out, kids[0])
-    return pa.MapArray.from_arrays(off, keys, items, type=typ)
+    if op in (_Op.ARRAY, _Op.MAP):
+        off = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(values)])
+        items = _assemble(program, out, kids[-1])
+        if op == _Op.ARRAY:
+            item_type = typ.value_type
+            return pa.ListArray.from_arrays(off, items.cast(item_type) if items.type != item_type else items, type=typ)
+        return pa.MapArray.from_arrays(off, _assemble(program, out, kids[0]), items, type=typ)
+    if op == _Op.SINGLE:
+        return _assemble(program, out, kids[0])
+    if op == _Op.NULL:
+        return pa.nulls(n)
+    if op == _Op.BOOLEAN:
+        bits = np.packbits(np.frombuffer(values, np.uint8), bitorder="little") if n else np.zeros(0, np.uint8)
+        return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bits)])
+    if op == _Op.ENUM:
+        return pa.array(node.symbols, pa.string()).take(pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(values)]))
+    # integers of a column narrower than Avro's int/long: a value out of its range is refused
+    v = np.frombuffer(values, np.int32 if op == _Op.INT else np.int64) if n else np.zeros(0, np.int64)
+    if not pa.types.is_integer(typ):
+        return pa.array(v, pa.int64()).cast(typ)
+    info = np.iinfo(typ.to_pandas_dtype())
+    if n and (v.min() < info.min or v.max() > info.max):
+        raise _Refused
+    return pa.array(v.astype(typ.to_pandas_dtype()), typ)
 
 
 def pad(buffer: np.ndarray) -> np.ndarray:
