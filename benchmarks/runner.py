@@ -78,10 +78,17 @@ class WorkloadResult:
                     s.name: _json_summary(stats.ratio_summary(counted[s.name], counted.get(BASELINE, {})))
                     for s in self.systems if s.name != BASELINE
                 }
+                # Each counted round pair's own ratio, so the worst pair is visible, not only the range.
+                baseline = counted.get(BASELINE, {})
+                round_ratios = {
+                    s.name: {str(r): counted[s.name][r] / baseline[r]
+                             for r in sorted(counted[s.name].keys() & baseline.keys()) if baseline[r]}
+                    for s in self.systems if s.name != BASELINE
+                }
                 metrics.append({
                     "metric": metric.name, "unit": metric.unit, "higher_is_better": metric.higher_is_better,
                     "chart": metric.chart.value if metric.chart else None,
-                    "systems": systems, "ratio_to_kafka": ratios,
+                    "systems": systems, "ratio_to_kafka": ratios, "ratio_to_kafka_by_round": round_ratios,
                 })
             cases.append({"case": case, "metrics": metrics})
         return {

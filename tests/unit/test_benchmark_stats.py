@@ -75,6 +75,9 @@ def test_workload_json_has_counted_summaries_and_ratios() -> None:
     assert metric["ratio_to_kafka"]["fluvial"] == {"median": 1.0, "min": 0.5, "max": 1.5, "n": 2}
     assert metric["systems"]["fluvial-flush-none"]["summary"] is None
     assert metric["ratio_to_kafka"]["fluvial-flush-none"] is None
+    # Every counted round pair's own ratio (the warm-up round 0 left out), the worst among them.
+    assert metric["ratio_to_kafka_by_round"]["fluvial"] == {"1": 0.5, "2": 1.5}
+    assert metric["ratio_to_kafka_by_round"]["fluvial-flush-none"] == {}
     assert [s["name"] for s in data["systems"]] == [s.name for s in ALL_SYSTEMS]
     assert data["systems"][0]["durability"] == KAFKA.durability
 
