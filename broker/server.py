@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable
 
+from fluvial.broker import frames
 from fluvial.broker.handlers import HANDLERS, Deferred, RequestContext, supported_versions
 from fluvial.broker.request_stats import RequestStats
 from fluvial.errors import FluvialError, InvalidRequestError
@@ -104,7 +105,8 @@ class KafkaServer:
         if sec.kafka_tls:
             from fluvial.security.tls import server_context
             self.tls = server_context(sec)
-        self._server = await asyncio.start_server(self._on_connection, host, port, limit=1 << 20, backlog=4096)
+        # Frame readers: a large request is received straight into its own buffer (broker/frames.py).
+        self._server = await frames.start_server(self._on_connection, host, port, limit=1 << 20, backlog=4096)
         if self.broker.config.connections_max_idle_ms > 0:
             self._sweeper = asyncio.create_task(self._close_idle(), name="idle-connections")
         return self._server.sockets[0].getsockname()[1]
@@ -198,7 +200,7 @@ class KafkaServer:
                                       f"(at most {auth.max_receive})")
             # A request still arriving does not count as in progress: a client that stops
             # half-way is closed when idle, and the partial request's buffer freed.
-            frame = memoryview(await reader.readexactly(size))
+            frame = memoryview(await reader.read_frame(size))
             conn.in_progress += 1
             conn.last_active = loop.time()
             started = time.perf_counter()

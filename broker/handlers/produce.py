@@ -49,6 +49,17 @@ def _error(index: int, exc: FluvialError | ErrorCode, message: str | None = None
     return ProducedPartition(index, int(code), record_errors=errors, error_message=msg)
 
 
+def _owned_wire(batch: memoryview) -> bytearray | memoryview:
+    """The batch as bytes the broker may patch (base offset, leader epoch) and keep in the
+    wire cache. A request frame is the connection's own writable buffer (broker/frames.py):
+    a batch that is most of it is used in place, without copying it. A small batch of a
+    larger frame (many partitions in one request) is copied, so that a cached batch never
+    keeps much more than itself alive."""
+    if not batch.readonly and isinstance(batch.obj, bytearray) and 2 * batch.nbytes >= len(batch.obj):
+        return batch
+    return bytearray(batch)
+
+
 def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
     part = _Part(topic, index, None)
     try:
@@ -69,7 +80,7 @@ def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
             # Commit and abort markers are the transaction coordinator's alone: a client's
             # would end (or forge the end of) a transaction in a read_committed reader's view.
             raise InvalidRecordError("control batches are written by the broker only, not produced by clients")
-        part.wire = bytearray(batches[0])
+        part.wire = _owned_wire(batches[0])
         part.header = header
     except UnknownTableError as exc:
         part.response = _error(index, exc.code, exc.message)

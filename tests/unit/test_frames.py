@@ -1,0 +1,97 @@
+"""Frame reading (broker/frames.py) over a real loopback connection: every frame arrives
+whole and in order however the bytes are split, large frames land in their own writable
+buffer, and a connection closed mid-frame ends the read with IncompleteReadError."""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import struct
+
+import pytest
+
+from fluvial.broker import frames
+
+
+async def _serve(handler):
+    server = await frames.start_server(handler, "127.0.0.1", 0, limit=1 << 20)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def _framed(payloads: list[bytes]) -> bytes:
+    return b"".join(struct.pack(">i", len(p)) + p for p in payloads)
+
+
+def test_frames_arrive_whole_in_any_split():
+    rng = random.Random(7)
+    sizes = [0, 1, 5, 4096, frames.DIRECT_FRAME_BYTES - 1, frames.DIRECT_FRAME_BYTES, 200_000, 3, 1_500_000, 17,
+             frames.DIRECT_FRAME_BYTES + 1, 64 * 1024, 10]
+    payloads = [os.urandom(n) for n in sizes]
+    stream = _framed(payloads)
+
+    async def run():
+        received: list[bytearray] = []
+        done = asyncio.Event()
+
+        async def handler(reader: frames.FrameReader, writer):
+            try:
+                while True:
+                    (size,) = struct.unpack(">i", await reader.readexactly(4))
+                    received.append(await reader.read_frame(size))
+            except asyncio.IncompleteReadError:
+                pass
+            finally:
+                writer.close()
+                done.set()
+
+        server, port = await _serve(handler)
+        _, w = await asyncio.open_connection("127.0.0.1", port)
+        pos = 0
+        while pos < len(stream):
+            n = rng.choice((1, 3, 100, 7000, 65536, 300_000))
+            w.write(stream[pos:pos + n])
+            await w.drain()
+            pos += n
+            if rng.random() < 0.3:
+                await asyncio.sleep(0)
+        w.close()
+        await asyncio.wait_for(done.wait(), 20)
+        server.close()
+        await server.wait_closed()
+        return received
+
+    received = asyncio.run(run())
+    assert [bytes(r) for r in received] == payloads
+    assert all(isinstance(r, bytearray) for r in received)  # the handler may patch them in place
+
+
+@pytest.mark.parametrize("size", [100, 1_000_000])
+def test_connection_closed_mid_frame(size):
+    async def run():
+        outcome: list[BaseException | bytearray] = []
+        done = asyncio.Event()
+
+        async def handler(reader, writer):
+            try:
+                (n,) = struct.unpack(">i", await reader.readexactly(4))
+                outcome.append(await reader.read_frame(n))
+            except BaseException as exc:  # noqa: BLE001 - the test looks at what it was
+                outcome.append(exc)
+            finally:
+                writer.close()
+                done.set()
+
+        server, port = await _serve(handler)
+        _, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(struct.pack(">i", size) + b"x" * (size // 2))
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.close()
+        await asyncio.wait_for(done.wait(), 10)
+        server.close()
+        await server.wait_closed()
+        return outcome
+
+    (outcome,) = asyncio.run(run())
+    assert isinstance(outcome, asyncio.IncompleteReadError)
+    assert outcome.expected == size and len(outcome.partial) == size // 2
