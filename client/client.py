@@ -117,8 +117,10 @@ class Client:
         self.remote_reads = remote_reads
         self.object_store_options = dict(object_store_options or {})
         self._broker_tiers = True  # False once the broker says it has no remote-segments action
+        self._lookups = pk.LookupSessions(self)
 
     def close(self) -> None:
+        self._lookups.close()
         self._flight.close()
 
     def _authenticate(self) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ KV_SNAPSHOT = "kv-snapshot"
 KV_SNAPSHOTS = "kv-snapshots"
 FULL_READ = "full-read"
 REMOTE_SNAPSHOT = "kv-remote-snapshot"
+LOOKUP_SESSION = "lookup-session"
 
 
 def table_configs(primary_key=None, bucket_key=None, merge_engine=None, version_column=None, upsert_key=None,
@@ -96,8 +98,131 @@ def write(table, data: Any, op: str, columns: list[str] | None = None) -> list[t
     return done
 
 
+class LookupSession:
+    """One table's lookups over one open DoExchange: each lookup writes its keys as one
+    record batch and reads the rows found as one. Used by one thread at a time."""
+
+    def __init__(self, client, table: str, key_schema: pa.Schema, header):
+        command = json.dumps({"table": table, "op": LOOKUP_SESSION}).encode()
+        self.key_schema = key_schema
+        self.header = header  # the bearer token it was opened with: a renewed token opens a new one
+        self.used = False
+        self.lock = threading.Lock()
+        self._writer, self._reader = client._flight.do_exchange(flight.FlightDescriptor.for_command(command),
+                                                                client._options())
+        self._writer.begin(key_schema)
+
+    def lookup(self, keys: pa.RecordBatch) -> pa.Table | None:
+        """The rows found, or None when the broker ended the session (the table changed)."""
+        self._writer.write_batch(keys)
+        try:
+            chunk = self._reader.read_chunk()
+        except StopIteration:
+            return None
+        self.used = True
+        return pa.Table.from_batches([chunk.data])
+
+    def close(self) -> None:
+        for step in (self._writer.done_writing, self._writer.close):
+            try:
+                step()
+            except (flight.FlightError, OSError, pa.ArrowException):
+                pass  # the stream is already gone
+
+
+class LookupSessions:
+    """The client's open lookup sessions, one per table (and key schema)."""
+
+    def __init__(self, client):
+        self.client = client
+        self._open: dict[str, LookupSession] = {}
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def _header(self):
+        session = self.client._session
+        return session.header() if session is not None else None
+
+    def acquire(self, table: str, key_schema: pa.Schema) -> LookupSession | None:
+        """The table's session, locked for the caller (opened when there is none or it no
+        longer fits); None when another thread is using it."""
+        header = self._header()
+        with self._lock:
+            if self.closed:
+                raise ValueError("the client is closed")
+            session = self._open.get(table)
+            if session is not None:
+                if not session.lock.acquire(blocking=False):
+                    return None
+                if session.key_schema.equals(key_schema) and session.header == header:
+                    return session
+                del self._open[table]
+                session.lock.release()
+                session.close()
+            session = LookupSession(self.client, table, key_schema, header)
+            session.lock.acquire()
+            self._open[table] = session
+            return session
+
+    def drop(self, table: str, session: LookupSession) -> None:
+        with self._lock:
+            if self._open.get(table) is session:
+                del self._open[table]
+        session.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            sessions, self._open = list(self._open.values()), {}
+        for session in sessions:
+            session.close()
+
+
+def _one_batch(keys: pa.Table) -> pa.RecordBatch:
+    batches = keys.to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in keys.schema], schema=keys.schema)
+    return keys.combine_chunks().to_batches()[0]
+
+
+# Errors of a stream that broke under a reused session (broker restarted, connection
+# reset): the lookup is retried once on a new session. Errors the broker gives for the
+# request itself (FlightServerError, refusals) are the caller's.
+_STREAM_BROKEN = (flight.FlightUnavailableError, flight.FlightInternalError, flight.FlightCancelledError,
+                  flight.FlightTimedOutError, OSError)
+
+
 def lookup(table, keys: Any) -> pa.Table:
-    return pa.ipc.open_stream(_call(table.client, LOOKUP, {"table": table.name, "keys": _ipc(as_arrow(keys))})).read_all()
+    """The rows of `keys` found, over the client's lookup session of the table (one
+    message each way per lookup); over a lookup action when another thread is using it."""
+    keys = as_arrow(keys)
+    batch = _one_batch(keys)
+    sessions: LookupSessions = table.client._lookups
+    for _ in range(2):
+        try:
+            session = sessions.acquire(table.name, batch.schema)
+        except flight.FlightError as exc:
+            raise from_flight(exc) from None
+        if session is None:
+            break
+        reused = session.used
+        try:
+            rows = session.lookup(batch)
+        except (flight.FlightError, OSError, pa.ArrowException) as exc:
+            session.lock.release()
+            sessions.drop(table.name, session)
+            if reused and isinstance(exc, _STREAM_BROKEN):
+                continue
+            if isinstance(exc, flight.FlightError):
+                raise from_flight(exc) from None
+            raise
+        session.lock.release()
+        if rows is not None:
+            return rows
+        sessions.drop(table.name, session)  # ended by the broker: the table's columns changed
+    return pa.ipc.open_stream(_call(table.client, LOOKUP, {"table": table.name, "keys": _ipc(keys)})).read_all()
 
 
 def prefix_lookup(table, prefixes: Any) -> pa.Table:

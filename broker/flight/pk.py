@@ -7,12 +7,21 @@ once durable. Lookups are actions whose body carries the keys as base64 Arrow IP
 whose result is an Arrow IPC stream of the rows found; under flush policy `ack` a lookup
 answers once the changelog of the rows it read is durable (a power loss cannot take back
 what it returned).
+
+A lookup session is a `DoExchange` whose descriptor command is JSON `{"table", "op":
+"lookup-session"}`: the client sends each lookup's keys as one record batch and reads
+the rows found as one record batch, in order, on the same stream. Only the first message
+of each direction carries a schema; a lookup then costs one message each way on an open
+HTTP/2 stream instead of a whole call (headers, authentication, JSON, base64). The
+table's ACLs are checked per lookup; the broker ends the stream (no error) when the
+table's columns changed, and the client opens a new session.
 """
 from __future__ import annotations
 
 import base64
 import functools
 import json
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +37,7 @@ KV_SNAPSHOTS = "kv-snapshots"
 FULL_READ = "full-read"
 REMOTE_SNAPSHOT = "kv-remote-snapshot"
 PK_OPS = ("upsert", "delete")
+LOOKUP_SESSION = "lookup-session"
 
 ACTIONS = {
     LOOKUP: "Current rows of primary keys. Body: {table, keys: base64 Arrow IPC of the key columns}; result: Arrow IPC.",
@@ -72,6 +82,51 @@ def pk_put_request(descriptor: flight.FlightDescriptor) -> dict | None:
     if not isinstance(body, dict) or body.get("op") not in PK_OPS:
         return None
     return body
+
+
+def exchange_request(descriptor: flight.FlightDescriptor) -> dict:
+    """The lookup session a DoExchange descriptor asks for (InvalidRequestError otherwise)."""
+    if descriptor.descriptor_type != flight.DescriptorType.CMD:
+        raise InvalidRequestError("a DoExchange descriptor is a command: {\"table\", \"op\": \"lookup-session\"}")
+    body = json.loads(descriptor.command)
+    if not isinstance(body, dict) or body.get("op") != LOOKUP_SESSION or not isinstance(body.get("table"), str):
+        raise InvalidRequestError(f"unknown exchange {body!r}: the broker serves "
+                                  f"{{\"table\", \"op\": \"{LOOKUP_SESSION}\"}}")
+    return body
+
+
+def lookup_session(server, require_read: Callable[[str], None], name: str, reader, writer) -> None:
+    """Serve one lookup session until the client stops sending (see the module doc).
+    Runs on its Flight thread: RocksDB reads here, a wait for durability on the loop."""
+    pk_tables.pk_state(server._table(name))  # refused at once unless a primary-key table
+    wait_durable = functools.partial(server._on_loop, pk_tables.await_fence)
+    schema = None
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            return
+        keys = chunk.data
+        if keys is None:
+            continue
+        require_read(name)  # an ACL removed mid-session applies from the next lookup on
+        rows = pk_tables.lookup(server._table(name), keys, wait_durable=wait_durable)
+        if schema is None:
+            schema = rows.schema
+            writer.begin(schema)
+        elif not rows.schema.equals(schema):
+            return  # the table's columns changed: the client reopens with the new schema
+        writer.write_batch(_one_batch(rows))
+
+
+def _one_batch(rows: pa.Table) -> pa.RecordBatch:
+    """A lookup's answer as one record batch (also when nothing was found)."""
+    batches = rows.to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in rows.schema], schema=rows.schema)
+    return rows.combine_chunks().to_batches()[0]
 
 
 def refuse_append(table) -> None:

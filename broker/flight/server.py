@@ -168,6 +168,16 @@ class TableFlightServer(flight.FlightServerBase):
             raise InvalidRequestError(f"unknown action {kind!r}; actions are {list(ACTIONS)}")
         return [flight.Result(json.dumps(result).encode())]
 
+    # -- lookup sessions -------------------------------------------------------------------
+
+    @flight_errors
+    def do_exchange(self, context, descriptor, reader, writer):
+        with malformed_request("exchange descriptor"):
+            name = pk_api.exchange_request(descriptor)["table"]
+        caller = Caller.of(self.broker, context)
+        caller.require(AclOperation.READ, name)
+        pk_api.lookup_session(self, lambda table: caller.require(AclOperation.READ, table), name, reader, writer)
+
     # -- scans ---------------------------------------------------------------------------
 
     @flight_errors
