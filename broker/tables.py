@@ -65,6 +65,9 @@ _STARTING = object()
 # the request rate, for at most this much more wait; a flush after a quiet spell starts at
 # once.
 FLUSH_SPACING_S = 0.004
+# Batches of at most this many records are coalesced (Bucket.append): larger ones are stored
+# as they come, one message each, as copying them together would cost more than it saves.
+COALESCE_MAX_BATCH_ROWS = 64
 
 
 class GroupCommit:
@@ -117,6 +120,11 @@ class GroupCommit:
             loop.call_soon(self._begin)
 
     def _begin(self) -> None:
+        try:
+            # Coalesced appends of this flush window go to the segment as one message first.
+            self._tablet.write_pending()
+        except StorageError:
+            pass  # the tablet is offline now: the flush below fails every waiter
         target = self._tablet.log_end_offset
         loop = asyncio.get_running_loop()
         self._last_begin = loop.time()
@@ -225,14 +233,19 @@ class Bucket:
         remote = self.remote_log_start
         return local if remote is None else min(remote, local)
 
-    def append(self, records: pa.RecordBatch, meta: BatchMeta) -> BatchMeta:
+    def append(self, records: pa.RecordBatch, meta: BatchMeta, *, coalesce: bool = False) -> BatchMeta:
+        """Append a batch. ``coalesce`` (a small batch whose answer waits for its fsync, under
+        flush policy ``ack``): written together with the others of the same flush window,
+        as one message, just before that flush."""
         if self.table.compacted and records.column("_key").null_count:
             keyless = np.flatnonzero(records.column("_key").is_null().to_numpy(zero_copy_only=False))
             message = (f"Compacted topic cannot accept message without key in topic partition "
                        f"{self.table.name}-{self.index}.")
             raise InvalidRecordError(message, record_errors=[(int(i), message) for i in keyless])
-        written = self.tablet.append(records, meta, leader_epoch=self.leader_epoch)
-        if self.tablet.config.flush_policy is FlushPolicy.ACK:
+        ack = self.tablet.config.flush_policy is FlushPolicy.ACK
+        written = self.tablet.append(records, meta, leader_epoch=self.leader_epoch,
+                                     coalesce=coalesce and ack and records.num_rows <= COALESCE_MAX_BATCH_ROWS)
+        if ack:
             # Readers see it once fsynced: the group commit wakes them then.
             self.group_commit.request()
         else:

@@ -217,7 +217,9 @@ async def produce(ctx: RequestContext, request):
                     # are made durable in a snapshot before the answer.
                     await producer_state.persist_unlogged(bucket, written)
             else:
-                written = bucket.append(records, meta)
+                # acks=all: the answer waits for the fsync, so the batch may be written together
+                # with the others of the same flush window (one message, one write).
+                written = bucket.append(records, meta, coalesce=acks == -1)
                 if idempotent:
                     producer_state.record(bucket, written)
                 if transactional:

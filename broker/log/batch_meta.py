@@ -107,6 +107,25 @@ class BatchMeta:
         return cls(*map(int, parts[1 : len(_FIELDS) + len(_OPTIONAL_FIELDS) + 1]))
 
 
+def encode_parts(parts: "list[BatchMeta] | tuple[BatchMeta, ...]") -> bytes:
+    """The Kafka batches of a coalesced message, one encoded BatchMeta a line."""
+    return b"\n".join([m.encode() for m in parts])
+
+
+def decode_parts(data: bytes) -> tuple[BatchMeta, ...]:
+    return tuple(BatchMeta.decode(line) for line in data.split(b"\n"))
+
+
+def envelope(parts: "list[BatchMeta] | tuple[BatchMeta, ...]") -> BatchMeta:
+    """The BatchMeta of a message holding several Kafka batches: their offsets, timestamps
+    and leader epoch, and no producer or attributes of its own (each part keeps its own)."""
+    first, last = parts[0], parts[-1]
+    return BatchMeta(first.base_offset, last.next_offset - 1 - first.base_offset,
+                     sum(m.record_count for m in parts), first.base_timestamp,
+                     max(m.max_timestamp for m in parts), partition_leader_epoch=last.partition_leader_epoch,
+                     schema_id=first.schema_id)
+
+
 @dataclass(frozen=True, slots=True)
 class StoredBatch:
     """One Arrow batch as stored in the log, with its Kafka batch metadata."""

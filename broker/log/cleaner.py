@@ -36,7 +36,7 @@ from fluvial.broker.log.batch_meta import ATTR_CONTROL, ATTR_TRANSACTIONAL, Batc
 from fluvial.broker.log.checkpoint import fsync_directory
 from fluvial.broker.log.index import OffsetIndex, TimeIndex
 from fluvial.broker.log.segment import DATA_SUFFIX, LogSegment, _sync
-from fluvial.broker.log.segment_format import encode_batch
+from fluvial.broker.log.segment_format import encode_batch, split_parts
 from fluvial.broker.log.statistics import compute_stats, stats_columns
 from fluvial.broker.log.tablet import CLEANED_SUFFIX, SWAP_SUFFIX, LogTablet
 from fluvial.progress import ProgressLog
@@ -124,9 +124,10 @@ def _earliest_horizon(segments: tuple[LogSegment, ...], first_dirty: int) -> int
         if segment.base_offset >= first_dirty:
             break
         for header in segment.headers_from(len(segment.schema_message), segment.state):
-            h = header.meta.delete_horizon_ms
-            if h >= 0 and (best is None or h < best):
-                best = h
+            for meta in header.metas:
+                h = meta.delete_horizon_ms
+                if h >= 0 and (best is None or h < best):
+                    best = h
     return best
 
 
@@ -135,7 +136,8 @@ def _read_all(segment: LogSegment, columns: list[str] | None = None) -> list[tup
     out = []
     for header in segment.headers_from(len(segment.schema_message), state):
         batch = segment.read_batch(header, state, columns)
-        out.append((header.meta, batch.select(columns) if columns else batch))
+        # A coalesced message is cleaned as the Kafka batches it holds (written back one by one).
+        out.extend(split_parts(header, batch.select(columns) if columns else batch))
     return out
 
 

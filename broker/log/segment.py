@@ -273,7 +273,7 @@ class LogSegment:
     def accepts_schema(self, schema_message: bytes) -> bool:
         return self.state.batch_count == 0 or schema_message == self.schema_message
 
-    def append(self, encoded: EncodedBatch, meta: BatchMeta) -> None:
+    def append(self, encoded: EncodedBatch, meta: BatchMeta, kafka_parts: tuple[BatchMeta, ...] = ()) -> None:
         assert self._fd is not None, "append to a segment that is not open for writing"
         position = self.state.size
         parts: list = [encoded.header, encoded.body]
@@ -294,7 +294,7 @@ class LogSegment:
                 rest = rest[n:]
         batch_position = start + (len(encoded.schema_message) if start == 0 else 0)
         header = BatchHeader(batch_position, len(encoded.header), encoded.body.size, meta, -1, -1, encoded.stats,
-                             encoded.compressed)
+                             encoded.compressed, kafka_parts)
         self._add_batch(header)
         self._remember(header)
 

@@ -17,10 +17,13 @@ import crc32c
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from fluvial.broker.log.batch_meta import BatchMeta
+from fluvial.broker.log.batch_meta import BatchMeta, decode_parts
 from fluvial.broker.log.statistics import STATS_KEY
 
 META_KEY = b"fluvial.batch"
+# A coalesced message (several small Kafka batches appended together): the BatchMeta of
+# each, one a line, in offset order; `fluvial.batch` then holds their envelope.
+PARTS_KEY = b"fluvial.batches"
 CRC_KEY = b"fluvial.crc32c"
 _CRC_PLACEHOLDER = b"CRC?CRC?"
 _CONTINUATION = 0xFFFFFFFF
@@ -76,10 +79,18 @@ class BatchHeader:
     crc_at: int  # where the checksum text starts, relative to position
     stats: bytes = b""  # column statistics as stored (statistics.decode_stats reads them)
     compressed: bool = False  # the column buffers are compressed (the message names a codec)
+    # A coalesced message: the Kafka batches it holds (their rows are dense and in order:
+    # part i's rows start at its base offset minus the message's). Empty: one batch, `meta`.
+    parts: tuple[BatchMeta, ...] = ()
 
     @property
     def size(self) -> int:
         return self.header_length + self.body_length
+
+    @property
+    def metas(self) -> tuple[BatchMeta, ...]:
+        """The Kafka batches of this message, in offset order."""
+        return self.parts or (self.meta,)
 
     @property
     def end(self) -> int:
@@ -102,14 +113,17 @@ class EncodedBatch:
 
 
 def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"",
-                 schema: pa.Schema | None = None, compression: str = "none") -> EncodedBatch:
+                 schema: pa.Schema | None = None, compression: str = "none", parts: bytes = b"") -> EncodedBatch:
     """Serialize one batch as an IPC stream message with its BatchMeta, statistics and checksum.
 
     ``schema``: the batch's schema when the caller holds it already (compared by identity
     first, which is cheaper than by value). ``compression``: the codec of the column
     buffers (one of STORAGE_CODECS); batches under MIN_COMPRESSED_BATCH_BYTES are written
-    uncompressed whatever it says."""
+    uncompressed whatever it says. ``parts``: for a coalesced message, its Kafka batches
+    (`encode_parts`), with ``meta`` their envelope."""
     custom = {META_KEY: meta.encode(), CRC_KEY: _CRC_PLACEHOLDER}
+    if parts:
+        custom[PARTS_KEY] = parts
     if stats:
         custom[STATS_KEY] = stats
     if compression not in _OPTIONS_BY_CODEC:
@@ -282,6 +296,11 @@ def parse_batch_header(view: memoryview, position: int, limit: int) -> BatchHead
             # flipped case bit, a sign) must not pass the checksum.
             raise ValueError(f"checksum text {crc_text!r} is not 8 lowercase hex digits")
         batch_meta = BatchMeta.decode(bytes(meta[meta_start:meta_end]))
+        parts: tuple[BatchMeta, ...] = ()
+        if PARTS_KEY in kv:
+            parts_start, parts_end = kv[PARTS_KEY]
+            parts = decode_parts(bytes(meta[parts_start:parts_end]))
+            _check_parts(batch_meta, parts)
     except ValueError as exc:
         raise SegmentFormatError(f"bad batch metadata: {exc}") from exc
     try:
@@ -291,7 +310,28 @@ def parse_batch_header(view: memoryview, position: int, limit: int) -> BatchHead
         compressed = False  # a damaged header: the checksum, checked by the caller, fails
     stats_start, stats_end = kv.get(STATS_KEY, (0, 0))
     stats = bytes(meta[stats_start:stats_end])
-    return BatchHeader(position, header_length, body_length, batch_meta, crc, 8 + crc_start, stats, compressed)
+    return BatchHeader(position, header_length, body_length, batch_meta, crc, 8 + crc_start, stats, compressed, parts)
+
+
+def split_parts(header: BatchHeader, batch: pa.RecordBatch) -> list[tuple[BatchMeta, pa.RecordBatch]]:
+    """The Kafka batches of a message with their rows (zero-copy slices of ``batch``)."""
+    if not header.parts:
+        return [(header.meta, batch)]
+    base = header.meta.base_offset
+    return [(part, batch.slice(part.base_offset - base, part.record_count)) for part in header.parts]
+
+
+def _check_parts(envelope: BatchMeta, parts: tuple[BatchMeta, ...]) -> None:
+    """The parts of a coalesced message follow each other and fill its envelope exactly."""
+    expected = envelope.base_offset
+    rows = 0
+    for part in parts:
+        if part.base_offset != expected or part.record_count != part.last_offset_delta + 1:
+            raise ValueError(f"coalesced batch part at {part.base_offset} does not follow offset {expected}")
+        expected = part.next_offset
+        rows += part.record_count
+    if not parts or expected != envelope.next_offset or rows != envelope.record_count:
+        raise ValueError("coalesced batch parts do not cover their message")
 
 
 def checksum_matches(view: memoryview, header: BatchHeader, schema_crc: int) -> bool:

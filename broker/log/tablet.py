@@ -16,12 +16,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fluvial.broker.latency import FSYNC_LATENCY
-from fluvial.broker.log.batch_meta import ATTR_LOG_APPEND_TIME, BatchMeta, StoredBatch
+from fluvial.broker.log.batch_meta import ATTR_LOG_APPEND_TIME, BatchMeta, StoredBatch, encode_parts, envelope
 from fluvial.broker.log.checkpoint import OffsetCheckpoint, fsync_directory
 from fluvial.broker.log.config import FlushPolicy, LogConfig, TimestampType
 from fluvial.broker.log.leader_epoch import LeaderEpochCache
 from fluvial.broker.log.segment import DATA_SUFFIX, OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment
-from fluvial.broker.log.segment_format import BatchHeader, SegmentFormatError, encode_batch
+from fluvial.broker.log.segment_format import BatchHeader, SegmentFormatError, encode_batch, split_parts
 from fluvial.broker.log.statistics import ColumnStats, compute_stats, decode_stats, stats_columns
 from fluvial.errors import InvalidRecordError, InvalidRequestError, OffsetOutOfRangeError, StorageError
 
@@ -41,6 +41,9 @@ SWAP_SUFFIX = ".swap"
 # How often a flush also writes the recovery point: after a crash, at most about this much
 # of the newest data is checked (and at least every rolled segment is skipped).
 RECOVERY_CHECKPOINT_INTERVAL_MS = 500
+# Coalesced appends (`append(coalesce=True)`) waiting to be written are written at once when
+# they reach this many records; the flush writes them otherwise.
+COALESCE_MAX_ROWS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,12 @@ class LogTablet:
         self.cleaner_checkpoint = OffsetCheckpoint(directory / CLEANER_CHECKPOINT)
         # Set by roll(): the next append starts a new segment, so the last one may be cleaned.
         self._roll_requested = False
+        # Coalesced appends: offsets given, not written yet (stamped batch, filled meta), all
+        # of one input schema; the log end offset counts them.
+        self._pending: list[tuple[pa.RecordBatch, BatchMeta]] = []
+        self._pending_schema: pa.Schema | None = None
+        self._pending_end = 0
+        self._pending_rows = 0
 
     # -- opening and recovery -------------------------------------------------------------
 
@@ -240,6 +249,15 @@ class LogTablet:
 
     @property
     def log_end_offset(self) -> int:
+        """The next offset to assign (coalesced appends not written yet included)."""
+        if self._pending:
+            return self._pending_end
+        segments = self._view.segments
+        return segments[-1].state.next_offset if segments else self._empty_end
+
+    @property
+    def written_end_offset(self) -> int:
+        """The end of what is written to the segments (what readers may reach)."""
         segments = self._view.segments
         return segments[-1].state.next_offset if segments else self._empty_end
 
@@ -253,7 +271,7 @@ class LogTablet:
         """
         if self.config.flush_policy is FlushPolicy.ACK:
             return self._flushed_offset
-        return self.log_end_offset
+        return self.written_end_offset
 
     # -- failures ---------------------------------------------------------------------------
 
@@ -296,23 +314,79 @@ class LogTablet:
     # -- appending ------------------------------------------------------------------------
 
     def append(
-        self, records: pa.RecordBatch, meta: BatchMeta, *, leader_epoch: int | None = None, now_ms: int | None = None
+        self, records: pa.RecordBatch, meta: BatchMeta, *, leader_epoch: int | None = None, now_ms: int | None = None,
+        coalesce: bool = False,
     ) -> BatchMeta:
         """Append one batch at the log end; returns ``meta`` with offsets and timestamps filled.
 
         ``leader_epoch`` is the appending leader's epoch: as in Kafka it replaces the batch's
         partition leader epoch (producers send -1) and a new epoch is recorded in the cache.
+
+        ``coalesce``: the batch gets its offsets now but is written later, together with the
+        other coalesced appends that follow it, as one message (`write_pending`, which every
+        flush and every plain append does first). Readers see it only once written; the
+        caller must not acknowledge it before the flush covering it (flush policy ``ack``).
         """
         count = records.num_rows
         if count == 0:
             raise InvalidRecordError("an appended batch must hold at least one record")
         stored_schema, stat_columns, opaque = self._stored_schema(records.schema)
-        compression = self._compression(opaque)
         with self._write_lock:
             self._check_open()
             self.check_online()
+            pending = self._pending
+            if pending and not (coalesce and (self._pending_schema is records.schema
+                                              or self._pending_schema.equals(records.schema, check_metadata=True))):
+                self._write_pending_locked()
             base = self.log_end_offset
             records, filled = self._stamp(records, meta, base, now_ms, leader_epoch)
+            if coalesce:
+                if not pending:
+                    self._pending_schema = records.schema
+                pending.append((records, filled))
+                self._pending_end = filled.next_offset
+                self._pending_rows += count
+                if self._pending_rows >= COALESCE_MAX_ROWS:
+                    self._write_pending_locked()
+                return filled
+            self._write_locked([(records, filled)], stored_schema, stat_columns, opaque)
+            return filled
+
+    def write_pending(self) -> None:
+        """Write the coalesced appends waiting to be written (one message per schema run)."""
+        if self._pending:
+            with self._write_lock:
+                self._write_pending_locked()
+
+    @property
+    def pending_records(self) -> int:
+        """Records appended with ``coalesce`` and not written yet."""
+        return self._pending_rows
+
+    def _write_pending_locked(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        self._pending_rows = 0
+        stored_schema, stat_columns, opaque = self._stored_schema(pending[0][0].schema)
+        self._write_locked(pending, stored_schema, stat_columns, opaque)
+
+    def _write_locked(self, items: list[tuple[pa.RecordBatch, BatchMeta]], stored_schema: pa.Schema,
+                      stat_columns: tuple[int, ...], opaque: bool) -> None:
+        """Write stamped batches at the log end as one message: a coalesced one (one Arrow
+        batch, one IPC message, one write and one index entry, with the BatchMeta of each
+        Kafka batch in it) when there are several."""
+        if len(items) == 1:
+            (records, filled), = items
+            parts: tuple[BatchMeta, ...] = ()
+        else:
+            records = pa.concat_batches([r for r, _ in items])
+            parts = tuple(f for _, f in items)
+            filled = envelope(parts)
+        count = records.num_rows
+        base = filled.base_offset
+        try:
             # Statistics skip the system columns, so the batch without _offset gives the same.
             stats = compute_stats(records, stat_columns) if self.config.batch_statistics else b""
             # add_column rather than from_arrays(schema=...): the columns were checked
@@ -323,35 +397,40 @@ class LogTablet:
             batch = records.add_column(0, OFFSET_FIELD, offsets)
             if not batch.schema.equals(stored_schema, check_metadata=True):
                 batch = pa.RecordBatch.from_arrays([offsets, *records.columns], schema=stored_schema)
-            encoded = encode_batch(batch, filled, stats, schema=stored_schema, compression=compression)
-            view = self._view
-            active = view.segments[-1] if view.segments else None
-            try:
-                if active is None or self._should_roll(active, encoded, filled):
-                    rolled = LogSegment.create(self.directory, base, self.config.index_interval_bytes)
-                    self._directory_dirty = True
-                    try:
-                        rolled.append(encoded, filled)
-                    except OSError:
-                        rolled.delete()
-                        raise
-                    self._view = _SegmentList.of(view.segments + (rolled,))
-                    # Closed only now, so a failed roll leaves the old segment writable.
-                    if active is not None:
-                        active.close_for_append()
-                        for listener in self.roll_listeners:
-                            listener(base)
-                else:
-                    active.append(encoded, filled)
-            except OSError as exc:
-                raise self._fail("a write", exc) from exc
-            # Counted under the write lock, for the metrics (bytes and records in).
-            self.appended_records += count
-            self.appended_bytes += encoded.size
+            encoded = encode_batch(batch, filled, stats, schema=stored_schema, compression=self._compression(opaque),
+                                   parts=encode_parts(parts) if parts else b"")
+        except (pa.ArrowException, ValueError) as exc:
+            # Coalesced appends were answered with their offsets already: nothing may take
+            # those offsets instead, so the tablet goes offline (a restart recovers it).
+            raise self._fail("encoding a batch", OSError(str(exc))) from exc
+        view = self._view
+        active = view.segments[-1] if view.segments else None
+        try:
+            if active is None or self._should_roll(active, encoded, filled):
+                rolled = LogSegment.create(self.directory, base, self.config.index_interval_bytes)
+                self._directory_dirty = True
+                try:
+                    rolled.append(encoded, filled, parts)
+                except OSError:
+                    rolled.delete()
+                    raise
+                self._view = _SegmentList.of(view.segments + (rolled,))
+                # Closed only now, so a failed roll leaves the old segment writable.
+                if active is not None:
+                    active.close_for_append()
+                    for listener in self.roll_listeners:
+                        listener(base)
+            else:
+                active.append(encoded, filled, parts)
+        except OSError as exc:
+            raise self._fail("a write", exc) from exc
+        # Counted under the write lock, for the metrics (bytes and records in).
+        self.appended_records += count
+        self.appended_bytes += encoded.size
+        for part in parts or (filled,):
             latest = self.leader_epochs.latest_epoch
-            if filled.partition_leader_epoch >= 0 and (latest is None or filled.partition_leader_epoch > latest):
-                self.leader_epochs.assign(filled.partition_leader_epoch, base)
-            return filled
+            if part.partition_leader_epoch >= 0 and (latest is None or part.partition_leader_epoch > latest):
+                self.leader_epochs.assign(part.partition_leader_epoch, part.base_offset)
 
     def _stamp(
         self, records: pa.RecordBatch, meta: BatchMeta, base: int, now_ms: int | None, leader_epoch: int | None
@@ -514,9 +593,9 @@ class LogTablet:
         log_start = self._log_start
         visible = self.high_watermark
         end = view.segments[-1].state.next_offset if view.segments else self._empty_end
-        if offset < log_start or offset > end:
+        if offset < log_start or offset > max(end, self.log_end_offset):
             raise OffsetOutOfRangeError(
-                f"offset {offset} is outside the log [{log_start}, {end}]"
+                f"offset {offset} is outside the log [{log_start}, {max(end, self.log_end_offset)}]"
             )
         if not uncommitted:
             end = min(end, visible)
@@ -545,12 +624,28 @@ class LogTablet:
                         size = batch.get_total_buffer_size()
                     else:
                         size = header.body_length
-                    if result and used + size > max_bytes:
-                        return result
-                    result.append(StoredBatch(meta, batch))
-                    used += size
-                    if used >= max_bytes:
-                        return result
+                    if not header.parts:
+                        if result and used + size > max_bytes:
+                            return result
+                        result.append(StoredBatch(meta, batch))
+                        used += size
+                        if used >= max_bytes:
+                            return result
+                        continue
+                    # A coalesced message: its Kafka batches one by one, each its rows' share of the size.
+                    total = max(1, meta.record_count)
+                    for part, rows in split_parts(header, batch):
+                        if part.next_offset <= offset:
+                            continue
+                        if part.base_offset >= limit:
+                            return result
+                        part_size = size * part.record_count // total
+                        if result and used + part_size > max_bytes:
+                            return result
+                        result.append(StoredBatch(part, rows))
+                        used += part_size
+                        if used >= max_bytes:
+                            return result
         except FileNotFoundError as exc:
             # Retention removed the segment between our snapshot and the read.
             raise OffsetOutOfRangeError(f"offset {offset} was deleted by retention") from exc
@@ -561,14 +656,22 @@ class LogTablet:
     def batch_metas(self, offset: int | None = None) -> Iterator[BatchMeta]:
         """The metadata of every batch from the one holding ``offset`` (default: the log start) to
         the end, read from batch headers only, e.g. to rebuild producer state after a restart."""
+        start = self._log_start if offset is None else offset
         for header in self._headers_from(offset):
-            yield header.meta
+            for meta in header.metas:
+                if meta.next_offset > start:
+                    yield meta
 
     def batch_statistics(self, offset: int | None = None) -> Iterator[tuple[BatchMeta, dict[str, ColumnStats]]]:
         """Each batch's metadata and column statistics from the one holding ``offset``, from
-        headers only: a scan with a filter reads just the batches whose bounds can match."""
+        headers only: a scan with a filter reads just the batches whose bounds can match. The
+        Kafka batches of a coalesced message share its statistics (bounds of all of them)."""
+        start = self._log_start if offset is None else offset
         for header in self._headers_from(offset):
-            yield header.meta, decode_stats(header.stats)
+            stats = decode_stats(header.stats)
+            for meta in header.metas:
+                if meta.next_offset > start:
+                    yield meta, stats
 
     def _headers_from(self, offset: int | None) -> Iterator[BatchHeader]:
         view = self._view
@@ -680,6 +783,7 @@ class LogTablet:
                     log.warning("recovery point of %s not updated: %s", self.directory, exc)
 
     def flush(self) -> None:
+        self.write_pending()
         self.flush_up_to(self.log_end_offset)
 
     @property
@@ -778,21 +882,25 @@ class LogTablet:
         with self._write_lock:
             if self._closed:
                 return
-            segments = self._view.segments
             try:
                 if self._failure is None:
-                    self.flush()
+                    self._write_pending_locked()
+                    self.flush_up_to(self.log_end_offset)
                     self._recovery_checkpoint.write(self.log_end_offset)
             except (OSError, StorageError) as exc:
                 # A full or failing disk: the next open recovers from the files instead.
                 log.error("closing log tablet %s: %s; it will be recovered on the next start", self.directory, exc)
-            for segment in segments:
+            self._pending = []
+            self._pending_rows = 0
+            for segment in self._view.segments:
                 segment.close_for_append()
             self._closed = True
 
     def delete(self) -> None:
         """Remove the bucket's files (DeleteTopics)."""
         with self._write_lock:
+            self._pending = []
+            self._pending_rows = 0
             for segment in self._view.segments:
                 segment.close_for_append()
                 segment.deleted = True
