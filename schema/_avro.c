@@ -1,7 +1,8 @@
 /* Compiled steps of the columnar Avro decoder (schema/avro_binary.py).
  *
  * decode_batch() decodes a whole batch of Avro values (one per record, each at
- * [pos[i], end[i]) of a shared data buffer) into the buffers of Arrow columns, walking a
+ * [pos[i], end[i]) of a shared data buffer) into Arrow columns (handed over through the
+ * Arrow C data interface, without a copy), walking a
  * schema program that avro_binary compiles once per writer schema.  It is the fast path
  * of the typed produce path: one C loop over the records, no Python per record or per
  * field, the GIL released while it runs.  It accepts exactly the canonical encoding the
@@ -262,8 +263,12 @@ enum {
     OP_RECORD = 7, OP_ARRAY = 8, OP_MAP = 9, OP_NULLABLE = 10, OP_SINGLE = 11, OP_DECIMAL_BYTES = 12,
     OP_DECIMAL_FIXED = 13, OP_COUNT = 14
 };
+/* Flags (`b`) of OP_BLOB and OP_INT/OP_LONG. */
+#define BLOB_TEXT 1        /* a string: must be valid UTF-8 */
+#define BLOB_LARGE 2       /* int64 offsets (large_string) */
+#define INT_UNSIGNED 0x100 /* the low byte is the column's width in bytes */
 
-#define BAD 1      /* the record does not decode */
+#define BAD 1 /* the record does not decode */
 #define NO_MEMORY -1
 
 typedef struct {
@@ -271,19 +276,44 @@ typedef struct {
     size_t len, cap;
 } Buf;
 
+/* The Arrow C data interface's array (https://arrow.apache.org/docs/format/CDataInterface.html). */
+struct ArrowArray {
+    int64_t length, null_count, offset, n_buffers, n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
 typedef struct {
     int op;
-    int64_t a, b;          /* size, symbol count, null branch, decimal width, ... */
+    int64_t a, b;          /* size, symbol count, null branch, decimal width, flags, ... */
     int64_t first, nchild; /* children: kids[first .. first + nchild) */
-    Buf values;            /* fixed-width values, int32 offsets, or validity bytes */
+    Buf values;            /* fixed-width values, offsets, or one byte per boolean / presence */
     Buf body;              /* the bytes of a blob column */
-    int64_t count;         /* values decoded into this node so far */
+    Buf bits;              /* packed booleans or validity, made at export */
+    int64_t count;         /* values in this column so far */
+    int64_t nulls;
 } Node;
+
+/* Everything one decoded batch owns; freed when the last exported array is released. */
+typedef struct {
+    Node *nodes;
+    Py_ssize_t nnodes;
+    struct ArrowArray *arrays; /* one per node, plus one per map (its entries struct) */
+    const void **slots;        /* buffer pointers: 3 per array */
+    struct ArrowArray **kids;  /* child pointers */
+    Py_ssize_t live;           /* arrays not released yet */
+} Holder;
 
 typedef struct {
     const uint8_t *buf;
     Node *nodes;
     const int64_t *kids;
+    const uint8_t *symbols;         /* enum symbols' UTF-8 bytes, one after another */
+    const int64_t *symbol_offsets;  /* symbol s of an enum node: [a + s, a + s + 1) of these */
+    int64_t nsymbol_offsets;
 } Decoder;
 
 static int
@@ -315,13 +345,60 @@ buf_put(Buf *b, const void *src, size_t size)
 }
 
 static inline int
-put_offset(Buf *b, int64_t total)
+buf_zeros(Buf *b, size_t size)
+{
+    if (b->len + size > b->cap && buf_grow(b, size) < 0)
+        return NO_MEMORY;
+    memset(b->p + b->len, 0, size);
+    b->len += size;
+    return 0;
+}
+
+/* The end offset of a blob, list or map value (int32, or int64 for large strings). */
+static inline int
+put_offset(Buf *b, int64_t total, int large)
 {
     int32_t v;
+    if (large)
+        return buf_put(b, &total, 8);
     if (total > INT32_MAX)
         return BAD; /* the NumPy decoder raises OverflowError for this batch */
     v = (int32_t)total;
     return buf_put(b, &v, 4);
+}
+
+/* Strict UTF-8 (what Arrow's validation and Python's decoder accept): no overlong forms,
+ * no surrogates, nothing past U+10FFFF. */
+static int
+utf8_valid(const uint8_t *s, int64_t n)
+{
+    int64_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xC2 && c <= 0xDF) {
+            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80)
+                return 0;
+            i += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            uint8_t lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+            if (i + 2 >= n || s[i + 1] < lo || s[i + 1] > hi || (s[i + 2] & 0xC0) != 0x80)
+                return 0;
+            i += 3;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            uint8_t lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+            if (i + 3 >= n || s[i + 1] < lo || s[i + 1] > hi || (s[i + 2] & 0xC0) != 0x80 ||
+                (s[i + 3] & 0xC0) != 0x80)
+                return 0;
+            i += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* A varint of a record ending at `end`, moving *at past it. */
@@ -335,7 +412,96 @@ varint_next(const uint8_t *buf, int64_t *at, int64_t end, int64_t *value)
     return OK;
 }
 
+/* An int or long as its column holds it: int32/int64, or the narrower integer the column
+ * was declared with (`arrow.type`); a value out of the column's range is a problem. */
+static inline int
+put_integer(Node *nd, int64_t v, int avro_width)
+{
+    int width = (int)(nd->b & 0xFF);
+    if (width == 0)
+        width = avro_width;
+    if (nd->b & INT_UNSIGNED) {
+        if (v < 0 || (width < 8 && v >> (8 * width)))
+            return BAD;
+    } else if (width < 8) {
+        int64_t lim = (int64_t)1 << (8 * width - 1);
+        if (v < -lim || v >= lim)
+            return BAD;
+    }
+    switch (width) {
+    case 1: {
+        int8_t x = (int8_t)v;
+        return buf_put(&nd->values, &x, 1);
+    }
+    case 2: {
+        int16_t x = (int16_t)v;
+        return buf_put(&nd->values, &x, 2);
+    }
+    case 4: {
+        int32_t x = (int32_t)(uint32_t)v;
+        return buf_put(&nd->values, &x, 4);
+    }
+    default:
+        return buf_put(&nd->values, &v, 8);
+    }
+}
+
+static inline int
+int_width(const Node *nd, int avro_width)
+{
+    int width = (int)(nd->b & 0xFF);
+    return width ? width : avro_width;
+}
+
 static int decode_value(Decoder *d, int64_t idx, int64_t *at, int64_t end);
+
+/* The slot of a value that is not there (a null of a union, and everything under it): every
+ * column then has one value per value of its parent, and a null union takes its child's
+ * column as it is, with a validity bitmap. */
+static int
+put_placeholder(Decoder *d, int64_t idx)
+{
+    Node *nd = &d->nodes[idx];
+    int64_t k;
+    int rc = OK;
+    nd->count++;
+    switch (nd->op) {
+    case OP_NULL:
+        nd->nulls++;
+        return OK;
+    case OP_BOOLEAN:
+        return buf_zeros(&nd->values, 1);
+    case OP_INT:
+        return buf_zeros(&nd->values, (size_t)int_width(nd, 4));
+    case OP_LONG:
+        return buf_zeros(&nd->values, (size_t)int_width(nd, 8));
+    case OP_FIXED:
+        return buf_zeros(&nd->values, (size_t)nd->a);
+    case OP_DECIMAL_BYTES:
+        return buf_zeros(&nd->values, (size_t)nd->a);
+    case OP_DECIMAL_FIXED:
+        return buf_zeros(&nd->values, (size_t)nd->b);
+    case OP_BLOB:
+    case OP_ENUM:
+        return put_offset(&nd->values, (int64_t)nd->body.len, nd->op == OP_BLOB && (nd->b & BLOB_LARGE));
+    case OP_RECORD:
+        for (k = 0; k < nd->nchild && rc == OK; k++)
+            rc = put_placeholder(d, d->kids[nd->first + k]);
+        return rc;
+    case OP_ARRAY:
+    case OP_MAP:
+        return put_offset(&nd->values, d->nodes[d->kids[nd->first + nd->nchild - 1]].count, 0);
+    case OP_NULLABLE:
+        if ((rc = buf_zeros(&nd->values, 1)) != OK)
+            return rc;
+        nd->nulls++;
+        return put_placeholder(d, d->kids[nd->first]);
+    case OP_SINGLE:
+        return put_placeholder(d, d->kids[nd->first]);
+    default:
+        return BAD;
+    }
+}
 
 /* Big-endian two's complement of `len` bytes -> little-endian `width` bytes. */
 static int
@@ -349,50 +515,6 @@ put_decimal(Buf *b, const uint8_t *src, int64_t len, int64_t width)
     return buf_put(b, le, (size_t)width);
 }
 
-/* The slot of a null in the column of a nullable primitive (zero bytes, an empty string):
- * that column then has one value per record and takes the union's validity as it is,
- * instead of being spread out by a take.  Nested types get no slot (their column holds
- * the present values only). */
-static int
-put_placeholder(Node *nd)
-{
-    static const uint8_t zeros[32] = {0};
-    size_t width;
-    switch (nd->op) {
-    case OP_NULL:
-        width = 0;
-        break;
-    case OP_BOOLEAN:
-        width = 1;
-        break;
-    case OP_INT:
-    case OP_ENUM:
-        width = 4;
-        break;
-    case OP_LONG:
-        width = 8;
-        break;
-    case OP_FIXED:
-        if (nd->a > 32)
-            return OK;
-        width = (size_t)nd->a;
-        break;
-    case OP_DECIMAL_BYTES:
-        width = (size_t)nd->a;
-        break;
-    case OP_DECIMAL_FIXED:
-        width = (size_t)nd->b;
-        break;
-    case OP_BLOB:
-        nd->count++;
-        return put_offset(&nd->values, (int64_t)nd->body.len);
-    default:
-        return OK;
-    }
-    nd->count++;
-    return buf_put(&nd->values, zeros, width);
-}
-
 static int
 decode_value(Decoder *d, int64_t idx, int64_t *at, int64_t end)
 {
@@ -404,6 +526,7 @@ decode_value(Decoder *d, int64_t idx, int64_t *at, int64_t end)
     nd->count++;
     switch (nd->op) {
     case OP_NULL:
+        nd->nulls++;
         return OK;
     case OP_BOOLEAN: {
         uint8_t b;
@@ -412,23 +535,24 @@ decode_value(Decoder *d, int64_t idx, int64_t *at, int64_t end)
         *at += 1;
         return buf_put(&nd->values, &b, 1);
     }
-    case OP_INT: {
-        int32_t i32;
+    case OP_INT:
         if (varint_next(buf, at, end, &v) != OK || v < INT32_MIN || v > INT32_MAX)
             return BAD;
-        i32 = (int32_t)v;
-        return buf_put(&nd->values, &i32, 4);
-    }
+        return put_integer(nd, v, 4);
     case OP_LONG:
         if (varint_next(buf, at, end, &v) != OK)
             return BAD;
-        return buf_put(&nd->values, &v, 8);
+        return put_integer(nd, v, 8);
     case OP_ENUM: {
-        int32_t i32;
-        if (varint_next(buf, at, end, &v) != OK || v < 0 || v >= nd->a)
+        /* The column holds the symbol's text. */
+        int64_t s;
+        if (varint_next(buf, at, end, &v) != OK || v < 0 || v >= nd->b)
             return BAD;
-        i32 = (int32_t)v;
-        return buf_put(&nd->values, &i32, 4);
+        s = nd->a + v;
+        if ((rc = buf_put(&nd->body, d->symbols + d->symbol_offsets[s],
+                          (size_t)(d->symbol_offsets[s + 1] - d->symbol_offsets[s]))) != 0)
+            return rc;
+        return put_offset(&nd->values, (int64_t)nd->body.len, 0);
     }
     case OP_FIXED:
         if (end - *at < nd->a)
@@ -439,10 +563,12 @@ decode_value(Decoder *d, int64_t idx, int64_t *at, int64_t end)
     case OP_BLOB:
         if (length_within(buf, at, end, end, &v) != OK)
             return BAD;
+        if ((nd->b & BLOB_TEXT) && !utf8_valid(buf + *at, v))
+            return BAD;
         if ((rc = buf_put(&nd->body, buf + *at, (size_t)v)) != 0)
             return rc;
         *at += v;
-        return put_offset(&nd->values, (int64_t)nd->body.len);
+        return put_offset(&nd->values, (int64_t)nd->body.len, nd->b & BLOB_LARGE);
     case OP_RECORD:
         for (k = 0; k < nd->nchild; k++)
             if ((rc = decode_value(d, d->kids[nd->first + k], at, end)) != OK)
@@ -465,7 +591,7 @@ decode_value(Decoder *d, int64_t idx, int64_t *at, int64_t end)
             if (varint_next(buf, at, end, &tail) != OK || tail != 0)
                 return BAD;
         }
-        return put_offset(&nd->values, d->nodes[item].count);
+        return put_offset(&nd->values, d->nodes[item].count, 0);
     }
     case OP_NULLABLE: {
         uint8_t present;
@@ -476,7 +602,8 @@ decode_value(Decoder *d, int64_t idx, int64_t *at, int64_t end)
             return rc;
         if (present)
             return decode_value(d, d->kids[nd->first], at, end);
-        return put_placeholder(&d->nodes[d->kids[nd->first]]);
+        nd->nulls++;
+        return put_placeholder(d, d->kids[nd->first]);
     }
     case OP_SINGLE:
         if (varint_next(buf, at, end, &v) != OK || v != 0)
@@ -510,52 +637,222 @@ decode_value(Decoder *d, int64_t idx, int64_t *at, int64_t end)
     }
 }
 
+/* ------------------------------------------------------------------ export as Arrow arrays */
+
+static void
+holder_free(Holder *h)
+{
+    Py_ssize_t i;
+    if (h == NULL)
+        return;
+    if (h->nodes != NULL) {
+        for (i = 0; i < h->nnodes; i++) {
+            free(h->nodes[i].values.p);
+            free(h->nodes[i].body.p);
+            free(h->nodes[i].bits.p);
+        }
+        free(h->nodes);
+    }
+    free(h->arrays);
+    free(h->slots);
+    free(h->kids);
+    free(h);
+}
+
+/* Release callback of every exported array: children still held are released with their
+ * parent; the batch's memory goes with the last array. */
+static void
+array_release(struct ArrowArray *array)
+{
+    Holder *h = (Holder *)array->private_data;
+    int64_t k;
+    for (k = 0; k < array->n_children; k++) {
+        struct ArrowArray *child = array->children[k];
+        if (child->release != NULL)
+            child->release(child);
+    }
+    array->release = NULL;
+    if (--h->live == 0)
+        holder_free(h);
+}
+
+/* Bytes (0/1) -> an Arrow bitmap (LSB first); returns the number of zero bytes. */
+static int64_t
+pack_bits(Buf *bits, const Buf *bytes, int64_t n)
+{
+    int64_t i, zeros = 0;
+    memset(bits->p, 0, (size_t)((n + 7) / 8));
+    for (i = 0; i < n; i++) {
+        if (bytes->p[i])
+            bits->p[i >> 3] |= (uint8_t)(1u << (i & 7));
+        else
+            zeros++;
+    }
+    return zeros;
+}
+
+/* Fill the exported array of node `idx` (and those below it). Returns the array, or NULL
+ * without memory. `next` hands out the extra arrays maps need for their entries. */
+static struct ArrowArray *
+export_node(Holder *h, const int64_t *kids, int64_t idx, Py_ssize_t *next_extra, Py_ssize_t *next_kid)
+{
+    Node *nd = &h->nodes[idx];
+    struct ArrowArray *a;
+    int64_t k;
+    static const int64_t empty[2] = {0, 0};
+
+    if (nd->op == OP_SINGLE)
+        return export_node(h, kids, kids[nd->first], next_extra, next_kid);
+    if (nd->op == OP_NULLABLE) {
+        a = export_node(h, kids, kids[nd->first], next_extra, next_kid);
+        if (a == NULL)
+            return NULL;
+        if (nd->nulls > 0 && a->n_buffers > 0) {
+            if (buf_grow(&nd->bits, (size_t)((nd->count + 7) / 8)) < 0)
+                return NULL;
+            a->null_count = pack_bits(&nd->bits, &nd->values, nd->count);
+            a->buffers[0] = nd->bits.p;
+        }
+        return a;
+    }
+    a = &h->arrays[idx];
+    a->length = nd->count;
+    a->null_count = 0;
+    a->offset = 0;
+    a->n_children = 0;
+    a->buffers = h->slots + 3 * idx;
+    a->children = NULL;
+    a->dictionary = NULL;
+    a->release = array_release;
+    a->private_data = h;
+    h->live++;
+    a->buffers[0] = NULL;
+    a->buffers[1] = nd->values.p ? (const void *)nd->values.p : (const void *)empty;
+    a->buffers[2] = nd->body.p ? (const void *)nd->body.p : (const void *)empty;
+    switch (nd->op) {
+    case OP_NULL:
+        a->n_buffers = 0;
+        a->null_count = nd->count;
+        break;
+    case OP_BOOLEAN:
+        a->n_buffers = 2;
+        if (buf_grow(&nd->bits, (size_t)((nd->count + 7) / 8) + 1) < 0)
+            return NULL;
+        pack_bits(&nd->bits, &nd->values, nd->count);
+        a->buffers[1] = nd->bits.p;
+        break;
+    case OP_BLOB:
+    case OP_ENUM:
+        a->n_buffers = 3;
+        break;
+    case OP_RECORD:
+    case OP_ARRAY:
+    case OP_MAP:
+        a->n_buffers = nd->op == OP_RECORD ? 1 : 2;
+        a->children = h->kids + *next_kid;
+        if (nd->op == OP_MAP) {
+            /* A map is a list of struct<key, value> entries. */
+            Py_ssize_t extra = h->nnodes + (*next_extra)++;
+            struct ArrowArray *entries = &h->arrays[extra];
+            struct ArrowArray *key, *value;
+            a->n_children = 1;
+            a->children[0] = entries;
+            *next_kid += 1;
+            key = export_node(h, kids, kids[nd->first], next_extra, next_kid);
+            value = export_node(h, kids, kids[nd->first + 1], next_extra, next_kid);
+            if (key == NULL || value == NULL)
+                return NULL;
+            *entries = (struct ArrowArray){key->length, 0, 0, 1, 2, h->slots + 3 * extra,
+                                           h->kids + *next_kid, NULL, array_release, h};
+            entries->buffers[0] = NULL;
+            entries->children[0] = key;
+            entries->children[1] = value;
+            *next_kid += 2;
+            h->live++;
+        } else {
+            Py_ssize_t base = *next_kid;
+            a->n_children = nd->nchild;
+            *next_kid += nd->nchild;
+            for (k = 0; k < nd->nchild; k++) {
+                struct ArrowArray *child = export_node(h, kids, kids[nd->first + k], next_extra, next_kid);
+                if (child == NULL)
+                    return NULL;
+                h->kids[base + k] = child;
+            }
+        }
+        break;
+    default: /* fixed-width values */
+        a->n_buffers = 2;
+        break;
+    }
+    return a;
+}
+
 static PyObject *
 decode_batch(PyObject *self, PyObject *args)
 {
-    PyObject *o[4], *out = NULL;
-    Arg a[4];
-    Node *nodes = NULL;
-    Py_ssize_t nnodes = 0, nkids, n, i, bad_record = -1;
+    PyObject *o[6], *out = NULL;
+    Arg a[6];
+    Holder *h = NULL;
+    Py_ssize_t nnodes = 0, nkids, nmaps = 0, n, i, bad_record = -1;
     int rc = OK;
 
     memset(a, 0, sizeof a);
-    if (!PyArg_ParseTuple(args, "OOOO:decode_batch", &o[0], &o[1], &o[2], &o[3]))
+    if (!PyArg_ParseTuple(args, "OOOOOO:decode_batch", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5]))
         return NULL;
-    if (arg_get(&a[0], o[0], 0, 8, "program") < 0 || arg_get(&a[1], o[1], 0, 1, "data") < 0 ||
-        arg_get(&a[2], o[2], 0, 8, "pos") < 0 || arg_get(&a[3], o[3], 0, 8, "end") < 0)
+    if (arg_get(&a[0], o[0], 0, 8, "program") < 0 || arg_get(&a[1], o[1], 0, 1, "symbols") < 0 ||
+        arg_get(&a[2], o[2], 0, 8, "symbol offsets") < 0 || arg_get(&a[3], o[3], 0, 1, "data") < 0 ||
+        arg_get(&a[4], o[4], 0, 8, "pos") < 0 || arg_get(&a[5], o[5], 0, 8, "end") < 0)
         goto done;
+    h = calloc(1, sizeof(Holder));
+    if (h == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     {
         /* program: int64 header [node count, kid count], then 5 per node (op, a, b, first
          * kid, kid count), then the kids (node indexes). */
         const int64_t *prog = (const int64_t *)a[0].view.buf;
-        Py_ssize_t plen = a[0].view.len / 8;
+        const int64_t *symoff = (const int64_t *)a[2].view.buf;
+        Py_ssize_t plen = a[0].view.len / 8, nsymoff = a[2].view.len / 8;
+        Node *nodes;
+        for (i = 1; i < nsymoff; i++)
+            if (symoff[i] < symoff[i - 1] || symoff[i] > (int64_t)a[1].view.len || symoff[0] < 0) {
+                PyErr_SetString(PyExc_ValueError, "malformed symbol offsets");
+                goto done;
+            }
         if (plen < 2 || prog[0] < 1 || prog[1] < 0 || plen != 2 + 5 * prog[0] + prog[1]) {
             PyErr_SetString(PyExc_ValueError, "malformed schema program");
             goto done;
         }
         nnodes = (Py_ssize_t)prog[0];
         nkids = (Py_ssize_t)prog[1];
-        nodes = calloc((size_t)nnodes, sizeof(Node));
+        h->nnodes = nnodes;
+        nodes = h->nodes = calloc((size_t)nnodes, sizeof(Node));
         if (nodes == NULL) {
             PyErr_NoMemory();
             goto done;
         }
         for (i = 0; i < nnodes; i++) {
             const int64_t *q = prog + 2 + 5 * i;
+            int op = (int)q[0];
             Py_ssize_t k;
-            nodes[i].op = (int)q[0];
+            nodes[i].op = op;
             nodes[i].a = q[1];
             nodes[i].b = q[2];
             nodes[i].first = q[3];
             nodes[i].nchild = q[4];
             /* Children come after their parent: a program cannot loop. */
             if (q[0] < 0 || q[0] >= OP_COUNT || q[3] < 0 || q[4] < 0 || q[3] + q[4] > nkids ||
-                (nodes[i].op == OP_DECIMAL_BYTES && (q[1] < 1 || q[1] > 32)) ||
-                (nodes[i].op == OP_DECIMAL_FIXED && (q[1] < 1 || q[1] > q[2] || q[2] > 32)) ||
-                (nodes[i].op == OP_FIXED && q[1] < 0) ||
-                ((nodes[i].op == OP_ARRAY || nodes[i].op == OP_NULLABLE || nodes[i].op == OP_SINGLE) && q[4] != 1) ||
-                (nodes[i].op == OP_MAP && q[4] != 2)) {
+                (op == OP_DECIMAL_BYTES && (q[1] < 1 || q[1] > 32)) ||
+                (op == OP_DECIMAL_FIXED && (q[1] < 1 || q[1] > q[2] || q[2] > 32)) ||
+                (op == OP_FIXED && (q[1] < 0 || q[1] > (1 << 20))) ||
+                (op == OP_ENUM && (q[1] < 0 || q[2] < 0 || q[1] + q[2] + 1 > nsymoff)) ||
+                ((op == OP_INT || op == OP_LONG) && (q[2] & 0xFF) != 0 && (q[2] & 0xFF) != 1 &&
+                 (q[2] & 0xFF) != 2 && (q[2] & 0xFF) != 4 && (q[2] & 0xFF) != 8) ||
+                ((op == OP_ARRAY || op == OP_NULLABLE || op == OP_SINGLE) && q[4] != 1) ||
+                (op == OP_RECORD && q[4] < 1) || (op == OP_MAP && q[4] != 2) ||
+                ((op != OP_RECORD && op != OP_ARRAY && op != OP_MAP && op != OP_NULLABLE && op != OP_SINGLE) && q[4] != 0)) {
                 PyErr_SetString(PyExc_ValueError, "malformed schema program");
                 goto done;
             }
@@ -566,23 +863,36 @@ decode_batch(PyObject *self, PyObject *args)
                     goto done;
                 }
             }
-            if (nodes[i].op == OP_BLOB || nodes[i].op == OP_ARRAY || nodes[i].op == OP_MAP) {
-                int32_t zero = 0;
-                if (buf_put(&nodes[i].values, &zero, 4) < 0) {
+            nmaps += op == OP_MAP;
+            if (op == OP_BLOB || op == OP_ENUM || op == OP_ARRAY || op == OP_MAP) {
+                if (put_offset(&nodes[i].values, 0, op == OP_BLOB && (q[2] & BLOB_LARGE)) < 0) {
                     PyErr_NoMemory();
                     goto done;
                 }
             }
         }
-        n = a[2].view.len / 8;
-        if (a[3].view.len / 8 != n) {
+        /* Each node is the child of one parent at most (a tree), as export needs. */
+        {
+            int64_t *parents = calloc((size_t)nnodes, sizeof(int64_t));
+            int tree = parents != NULL;
+            for (i = 0; tree && i < nkids; i++)
+                tree = ++parents[prog[2 + 5 * nnodes + i]] == 1;
+            free(parents);
+            if (!tree) {
+                PyErr_SetString(PyExc_ValueError, "malformed schema program");
+                goto done;
+            }
+        }
+        n = a[4].view.len / 8;
+        if (a[5].view.len / 8 != n) {
             PyErr_SetString(PyExc_ValueError, "pos and end must have one item per record");
             goto done;
         }
         {
-            Decoder d = {(const uint8_t *)a[1].view.buf, nodes, prog + 2 + 5 * nnodes};
-            const int64_t *p = (const int64_t *)a[2].view.buf, *e = (const int64_t *)a[3].view.buf;
-            const int64_t size = (int64_t)a[1].view.len;
+            Decoder d = {(const uint8_t *)a[3].view.buf, nodes, prog + 2 + 5 * nnodes,
+                         (const uint8_t *)a[1].view.buf, symoff, nsymoff};
+            const int64_t *p = (const int64_t *)a[4].view.buf, *e = (const int64_t *)a[5].view.buf;
+            const int64_t size = (int64_t)a[3].view.len;
             Py_BEGIN_ALLOW_THREADS
             for (i = 0; i < n; i++) {
                 int64_t at = p[i];
@@ -599,46 +909,53 @@ decode_batch(PyObject *self, PyObject *args)
             }
             Py_END_ALLOW_THREADS
         }
-    }
-    if (rc == NO_MEMORY) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (bad_record >= 0) {
-        out = PyLong_FromSsize_t(bad_record);
-        goto done;
-    }
-    out = PyList_New(nnodes);
-    if (out == NULL)
-        goto done;
-    for (i = 0; i < nnodes; i++) {
-        PyObject *item = Py_BuildValue("(Ly#y#)", (long long)nodes[i].count, (const char *)nodes[i].values.p,
-                                       (Py_ssize_t)nodes[i].values.len, (const char *)nodes[i].body.p,
-                                       (Py_ssize_t)nodes[i].body.len);
-        if (item == NULL) {
-            Py_CLEAR(out);
+        if (rc == NO_MEMORY) {
+            PyErr_NoMemory();
             goto done;
         }
-        PyList_SET_ITEM(out, i, item);
+        if (bad_record >= 0) {
+            out = PyLong_FromSsize_t(-bad_record - 1);
+            goto done;
+        }
+        h->arrays = calloc((size_t)(nnodes + nmaps), sizeof(struct ArrowArray));
+        h->slots = calloc((size_t)(3 * (nnodes + nmaps)), sizeof(void *));
+        h->kids = calloc((size_t)(nkids + 2 * nmaps + 1), sizeof(struct ArrowArray *));
+        if (h->arrays == NULL || h->slots == NULL || h->kids == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        {
+            Py_ssize_t next_extra = 0, next_kid = 0;
+            struct ArrowArray *root = export_node(h, prog + 2 + 5 * nnodes, 0, &next_extra, &next_kid);
+            if (root == NULL) {
+                /* Arrays already filled point at the holder: release through the root. */
+                PyErr_NoMemory();
+                h->live = 0;
+                goto done;
+            }
+            out = PyLong_FromVoidPtr(root); /* a union at the root hands out the array it wraps */
+            if (out == NULL) {
+                root->release(root);
+                h = NULL;
+                goto done;
+            }
+            h = NULL; /* owned by the exported arrays now */
+        }
     }
 done:
-    if (nodes != NULL) {
-        for (i = 0; i < nnodes; i++) {
-            free(nodes[i].values.p);
-            free(nodes[i].body.p);
-        }
-        free(nodes);
-    }
-    args_release(a, 4);
+    if (h != NULL && h->live == 0)
+        holder_free(h);
+    args_release(a, 6);
     return out;
 }
 
 PyDoc_STRVAR(decode_batch_doc,
-"decode_batch(program, data, pos, end) -> list | int\n\n"
+"decode_batch(program, symbols, symbol_offsets, data, pos, end) -> int\n\n"
 "Decode one Avro value per record at [pos[i], end[i]) of data (uint8) with a schema\n"
-"program (int64, built by avro_binary): a list with one (count, values, body) per\n"
-"program node, the buffers of its Arrow column; or, when a record does not decode\n"
-"(any problem, or bytes left over), that record's index.");
+"program (int64, built by avro_binary; enum symbols as UTF-8 bytes with int64 offsets).\n"
+"Returns the address of an Arrow C data interface array holding the column (import it\n"
+"with pyarrow.Array._import_from_c and the column's type), or, when a record does not\n"
+"decode (any problem, or bytes left over), that record's index as a negative number - 1.");
 
 static PyMethodDef methods[] = {
     {"read_varints", read_varints, METH_VARARGS, read_varints_doc},

@@ -236,37 +236,46 @@ class _Op:
         DECIMAL_FIXED = range(14)
 
 
+# Flags of a program entry (its `b`), as schema/_avro.c reads them.
+_BLOB_TEXT, _BLOB_LARGE = 1, 2
+_INT_UNSIGNED = 0x100  # the low byte: the column's width in bytes when narrower than Avro's
+
+
 class _NoProgram(Exception):
     """The schema has a part the compiled decoder does not take (the NumPy decoder does)."""
 
 
 @dataclass
 class _Program:
-    """A writer schema flattened for `_avro.decode_batch`: one entry per schema position
-    (a named type used twice is two entries: each gets its own column buffers)."""
+    """A writer schema flattened for `_avro.decode_batch`: one entry per schema position (a
+    named type used twice is two entries: each gets its own column), the enum symbols, and
+    the Arrow type of the decoded column."""
 
-    code: np.ndarray  # int64: node count, kid count, (op, a, b, first kid, kid count) per node, kids
-    nodes: list[tuple[int, AvroNode, list[int], pa.DataType | None]]  # (op, node, kids, Arrow type) per entry
+    code: np.ndarray  # int64: node count, kid count, (op, a, b, first kid, kid count) per entry, kids
+    symbols: bytes
+    symbol_offsets: np.ndarray  # int64
+    type: pa.DataType
 
 
 _PROGRAMS: dict[int, tuple[AvroNode, _Program | None]] = {}
+_MAP_KEY = AvroNode("string")
 
 
 def _program(node: AvroNode) -> _Program | None:
-    """The compiled program of a writer schema's root, built once per schema."""
+    """The compiled program of a writer schema's root, built once per schema (None: the
+    schema has a part only the NumPy decoder takes)."""
     hit = _PROGRAMS.get(id(node))
     if hit is not None and hit[0] is node:
         return hit[1]
     rows: list[list[int]] = []
-    nodes: list[tuple[int, AvroNode, list[int], pa.DataType | None]] = []
     kids_of: list[list[int]] = []
+    symbols: list[bytes] = []
 
     def add(n: AvroNode, depth: int) -> int:
         if depth > 64:  # recursive named types have no column type anyway
             raise _NoProgram
         i = len(rows)
         rows.append([])
-        nodes.append((0, n, [], None))
         kids_of.append([])
         k, lg = n.kind, n.logical
         a = b = 0
@@ -286,13 +295,29 @@ def _program(node: AvroNode) -> _Program | None:
                 op, a, b = _Op.DECIMAL_FIXED, n.size, width
             else:
                 op, a = _Op.DECIMAL_BYTES, width
-        elif k in ("null", "boolean", "int", "long", "bytes", "string", "enum"):
-            op = {"null": _Op.NULL, "boolean": _Op.BOOLEAN, "int": _Op.INT, "long": _Op.LONG, "bytes": _Op.BLOB,
-                  "string": _Op.BLOB, "enum": _Op.ENUM}[k]
-            a = len(n.symbols) if k == "enum" else 0
+        elif k in ("int", "long"):
+            op = _Op.INT if k == "int" else _Op.LONG
+            if n.arrow_type is not None and not lg:
+                typ = avro_type_to_arrow(n)
+                if not pa.types.is_integer(typ):
+                    raise _NoProgram
+                b = typ.bit_width // 8 | (0 if pa.types.is_signed_integer(typ) else _INT_UNSIGNED)
+        elif k in ("bytes", "string"):
+            op = _Op.BLOB
+            if k == "string":
+                b = _BLOB_TEXT | (_BLOB_LARGE if avro_type_to_arrow(n) == pa.large_string() else 0)
+        elif k == "enum":
+            if not n.symbols:
+                raise _NoProgram
+            op, a, b = _Op.ENUM, len(symbols), len(n.symbols)
+            symbols.extend(s.encode() for s in n.symbols)
+        elif k in ("null", "boolean"):
+            op = _Op.NULL if k == "null" else _Op.BOOLEAN
         elif k in ("float", "double", "fixed"):
             op, a = _Op.FIXED, {"float": 4, "double": 8}.get(k, n.size)
         elif k == "record":
+            if not n.fields:
+                raise _NoProgram
             op, kids = _Op.RECORD, [add(f.type, depth + 1) for f in n.fields]
         elif k == "array":
             op, kids = _Op.ARRAY, [add(n.items, depth + 1)]
@@ -301,7 +326,6 @@ def _program(node: AvroNode) -> _Program | None:
         else:
             raise _NoProgram
         rows[i] = [op, a, b]
-        nodes[i] = (op, n, kids, _column_type(op, n))
         kids_of[i] = kids
         return i
 
@@ -312,117 +336,27 @@ def _program(node: AvroNode) -> _Program | None:
         for row, kids in zip(rows, kids_of):
             code += [*row, len(flat), len(kids)]
             flat += kids
-        program: _Program | None = _Program(np.array(code + flat, np.int64), nodes)
+        offsets = np.zeros(len(symbols) + 1, np.int64)
+        np.cumsum([len(s) for s in symbols], out=offsets[1:])
+        program: _Program | None = _Program(np.array(code + flat, np.int64), b"".join(symbols), offsets,
+                                            avro_type_to_arrow(node))
     except _NoProgram:
         program = None
     _PROGRAMS[id(node)] = (node, program)
     return program
 
 
-_MAP_KEY = AvroNode("string")
-
-
-class _Refused(Exception):
-    """A check after the compiled pass failed: the NumPy decoder names the records."""
-
-
 def _decode_native(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.ndarray) -> pa.Array | None:
-    """The batch decoded by `_avro.decode_batch`, or None when a record has a problem (or the
-    schema has a part the compiled decoder does not take): the NumPy decoder then runs."""
+    """The batch decoded by `_avro.decode_batch` (its columns handed over as Arrow arrays
+    through the C data interface), or None when a record has a problem or the schema has
+    a part the compiled decoder does not take: the NumPy decoder then runs."""
     program = _program(node)
     if program is None:
         return None
-    out = _native.decode_batch(program.code, data, pos, end)
-    if isinstance(out, int):
+    address = _native.decode_batch(program.code, program.symbols, program.symbol_offsets, data, pos, end)
+    if address < 0:
         return None
-    try:
-        return _assemble(program, out, 0)
-    except _Refused:
-        return None
-
-
-def _column_type(op: int, node: AvroNode) -> pa.DataType | None:
-    """The Arrow type of a program entry's column, as the NumPy decoder types it."""
-    k, lg = node.kind, node.logical
-    if op in (_Op.INT, _Op.LONG):
-        if node.arrow_type is not None and not lg:
-            return avro_type_to_arrow(node)
-        if op == _Op.INT:
-            return {"date": pa.date32(), "time-millis": pa.time32("ms")}.get(lg, pa.int32())
-        return avro_type_to_arrow(node) if lg else pa.int64()
-    if op == _Op.FIXED:
-        return {"float": pa.float32(), "double": pa.float64()}.get(k) or pa.binary(node.size)
-    if op in (_Op.DECIMAL_BYTES, _Op.DECIMAL_FIXED):
-        return pa.decimal128(node.precision, node.scale) if node.precision <= 38 else \
-            pa.decimal256(node.precision, node.scale)
-    if op == _Op.BLOB and k == "string":
-        return pa.large_string() if node.arrow_type is not None and avro_type_to_arrow(node) == pa.large_string() \
-            else pa.string()
-    if op in (_Op.RECORD, _Op.ARRAY, _Op.MAP):
-        return avro_type_to_arrow(node)
-    return None
-
-
-def _assemble(program: _Program, out: list, i: int) -> pa.Array:
-    """The Arrow array of program entry `i` from the buffers decode_batch filled."""
-    op, node, kids, typ = program.nodes[i]
-    n, values, body = out[i]
-    values = values or b""  # an empty buffer comes back as None
-    if op in (_Op.FIXED, _Op.DECIMAL_BYTES, _Op.DECIMAL_FIXED) or \
-            (op in (_Op.INT, _Op.LONG) and (node.arrow_type is None or node.logical)):
-        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(values)])
-    if op == _Op.BLOB:
-        blobs = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(values), pa.py_buffer(body or b"")])
-        if typ is None:
-            return blobs
-        text = blobs.view(pa.string())
-        try:
-            text.validate(full=True)
-        except pa.ArrowInvalid:
-            raise _Refused from None
-        return text if typ == pa.string() else text.cast(typ)
-    if op == _Op.RECORD:
-        children = [_assemble(program, out, j) for j in kids]
-        if not children:
-            return pa.array([{}] * n, typ)
-        # The children are typed as the fields already: no need to check them again.
-        return pa.Array.from_buffers(typ, n, [None], children=children)
-    if op == _Op.NULLABLE:
-        child = _assemble(program, out, kids[0])
-        present = np.frombuffer(values, np.bool_)
-        if len(child) == n:  # a primitive with a slot per null (or no null at all)
-            if n == 0 or present.all():
-                return child
-            bits = pa.py_buffer(np.packbits(present, bitorder="little"))
-            return pa.Array.from_buffers(child.type, n, [bits, *child.buffers()[1:]])
-        is_null = ~present
-        take = np.cumsum(present) - 1
-        take[is_null] = 0
-        return child.take(pa.array(take, mask=is_null))
-    if op in (_Op.ARRAY, _Op.MAP):
-        off = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(values)])
-        items = _assemble(program, out, kids[-1])
-        if op == _Op.ARRAY:
-            item_type = typ.value_type
-            return pa.ListArray.from_arrays(off, items.cast(item_type) if items.type != item_type else items, type=typ)
-        return pa.MapArray.from_arrays(off, _assemble(program, out, kids[0]), items, type=typ)
-    if op == _Op.SINGLE:
-        return _assemble(program, out, kids[0])
-    if op == _Op.NULL:
-        return pa.nulls(n)
-    if op == _Op.BOOLEAN:
-        bits = np.packbits(np.frombuffer(values, np.uint8), bitorder="little") if n else np.zeros(0, np.uint8)
-        return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bits)])
-    if op == _Op.ENUM:
-        return pa.array(node.symbols, pa.string()).take(pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(values)]))
-    # integers of a column narrower than Avro's int/long: a value out of its range is refused
-    v = np.frombuffer(values, np.int32 if op == _Op.INT else np.int64) if n else np.zeros(0, np.int64)
-    if not pa.types.is_integer(typ):
-        return pa.array(v, pa.int64()).cast(typ)
-    info = np.iinfo(typ.to_pandas_dtype())
-    if n and (v.min() < info.min or v.max() > info.max):
-        raise _Refused
-    return pa.array(v.astype(typ.to_pandas_dtype()), typ)
+    return pa.Array._import_from_c(address, program.type)
 
 
 def pad(buffer: np.ndarray) -> np.ndarray:

@@ -234,16 +234,34 @@ def test_unions_other_than_nullable_are_left_to_the_reference():
 def test_malformed_programs_are_refused_not_run():
     data = pad(np.frombuffer(b"\x02", np.uint8))
     pos, end = np.zeros(1, np.int64), np.ones(1, np.int64)
+    no_symbols = (b"", np.zeros(1, np.int64))
+
+    def run(code, symbols=no_symbols, p=pos, e=end):
+        return avro_binary._native.decode_batch(np.array(code, np.int64), *symbols, data, p, e)
+
     for code in ([], [1, 0, 99, 0, 0, 0, 0], [2, 1, 7, 0, 0, 0, 1, 3, 0, 0, 0, 0, 0],  # kid out of range
                  [2, 1, 7, 0, 0, 0, 1, 7, 0, 0, 0, 1, 0],  # a kid pointing back: a loop
-                 [1, 0, 12, 99, 0, 0, 0]):  # decimal wider than 256 bits
+                 [3, 2, 7, 0, 0, 0, 2, 3, 0, 0, 0, 0, 3, 0, 0, 0, 0, 2, 2],  # one column under two parents
+                 [1, 0, 12, 99, 0, 0, 0],  # decimal wider than 256 bits
+                 [1, 0, 6, 0, 5, 0, 0],  # enum symbols past the symbol table
+                 [1, 0, 2, 0, 3, 0, 0]):  # an int column 3 bytes wide
         with pytest.raises(ValueError):
-            avro_binary._native.decode_batch(np.array(code, np.int64), data, pos, end)
+            run(code)
+    with pytest.raises(ValueError):
+        run([1, 0, 6, 0, 1, 0, 0], (b"A", np.array([0, 5], np.int64)))  # symbol past its bytes
     with pytest.raises(TypeError):
-        avro_binary._native.decode_batch(np.array([1, 0, 3, 0, 0, 0, 0], np.int32), data, pos, end)
-    # Positions outside the buffer: the record is reported, nothing is read.
-    assert avro_binary._native.decode_batch(np.array([1, 0, 3, 0, 0, 0, 0], np.int64), data,
-                                            np.array([5], np.int64), np.array([99], np.int64)) == 0
+        avro_binary._native.decode_batch(np.array([1, 0, 3, 0, 0, 0, 0], np.int32), *no_symbols, data, pos, end)
+    # Positions outside the buffer: the record is reported (-index - 1), nothing is read.
+    assert run([1, 0, 3, 0, 0, 0, 0], p=np.array([5], np.int64), e=np.array([99], np.int64)) == -1
+
+
+def test_released_columns_free_the_batch_and_outlive_it():
+    rng = random.Random(9)
+    bodies = encode([every_type_record(rng) for _ in range(50)])
+    native, reference, _ = both(SCHEMA.root, bodies)
+    tags = native.field("inner").field("tags")
+    del native
+    assert tags.equals(reference.field("inner").field("tags"))
 
 
 _SEEDS = [encode([every_type_record(random.Random(s))])[0] for s in range(8)]
