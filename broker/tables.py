@@ -58,13 +58,17 @@ def validate_table_name(name: str) -> None:
 # GroupCommit._running while a flush is scheduled but not yet handed to the executor.
 _STARTING = object()
 
-# The least time between the starts of two flushes of one bucket. An fdatasync costs about
-# 100 us of CPU and 200-300 us of wall time here: chaining flushes back to back gives many
-# small producers about one fsync per request (most of a core at a few thousand requests a
-# second). Spacing them bounds a bucket's fsyncs to 1 / FLUSH_SPACING_S a second whatever
-# the request rate, for at most this much more wait; a flush after a quiet spell starts at
-# once.
+# The average least time between the starts of two flushes of one bucket. An fdatasync
+# costs about 100 us of CPU and 200-300 us of wall time here: chaining flushes back to back
+# gives many small producers about one fsync per request (most of a core at a few thousand
+# requests a second). Spacing them bounds a bucket's fsyncs to 1 / FLUSH_SPACING_S a second
+# whatever the request rate, for at most this much more wait. The bound is a rate with a
+# burst of FLUSH_BURST starts, not a gap after every flush: a steady producer sending every
+# 5 ms, or the first request after a slow fsync, never waits for it (with a plain gap, the
+# request arriving just after the flush that caught up a slow fsync's backlog waited up to
+# 4 ms more, in the tail already the longest).
 FLUSH_SPACING_S = 0.004
+FLUSH_BURST = 2
 # Batches of at most this many records are coalesced (Bucket.append): larger ones are stored
 # as they come, one message each, as copying them together would cost more than it saves.
 COALESCE_MAX_BATCH_ROWS = 64
@@ -92,7 +96,10 @@ class GroupCommit:
         self._on_durable = on_durable
         self.durable_offset = tablet.flushed_offset
         self._running: asyncio.Future | object | None = None
-        self._last_begin = float("-inf")  # loop time the latest flush started
+        # Rate bound of flush starts (a GCRA): the loop time the next start is due at when
+        # starts come at exactly one per FLUSH_SPACING_S; one may start up to
+        # (FLUSH_BURST - 1) spacings before it.
+        self._next_due = float("-inf")
         # (offset, future) in the order the waits were asked for; appends come in offset
         # order, so the front is always the first to complete (a duplicate's wait for an
         # older offset may sit behind a newer one: completed by the same pass).
@@ -109,11 +116,12 @@ class GroupCommit:
 
     def _start(self) -> None:
         # The flush starts at the end of this loop pass, so every append made during the
-        # pass (other connections' requests read together) shares it, or, when the last
-        # flush began less than FLUSH_SPACING_S ago, once that time has passed.
+        # pass (other connections' requests read together) shares it, or, when flushes
+        # started faster than one per FLUSH_SPACING_S (beyond a burst of FLUSH_BURST),
+        # once the rate allows it.
         self._running = _STARTING
         loop = asyncio.get_running_loop()
-        wait = self._last_begin + FLUSH_SPACING_S - loop.time()
+        wait = self._next_due - (FLUSH_BURST - 1) * FLUSH_SPACING_S - loop.time()
         if wait > 0:
             loop.call_later(wait, self._begin)
         else:
@@ -127,7 +135,7 @@ class GroupCommit:
             pass  # the tablet is offline now: the flush below fails every waiter
         target = self._tablet.log_end_offset
         loop = asyncio.get_running_loop()
-        self._last_begin = loop.time()
+        self._next_due = max(self._next_due, loop.time()) + FLUSH_SPACING_S
         self._running = running = loop.run_in_executor(self._executor, self._tablet.flush_up_to, target)
         running.add_done_callback(functools.partial(self._flushed, target))
 

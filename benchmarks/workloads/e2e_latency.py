@@ -7,6 +7,7 @@ import os
 import struct
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,11 @@ ACHIEVED_RATE = Metric("achieved rate", "records/s", True)
 # The machine is shared: the 1-minute load average when the run ended, kept per round, tells a
 # round taken under load from a quiet one.
 LOAD = Metric("load average (1 min)", "load", False)
+# Fluvial only (its /metrics histogram of log fsyncs, taken before and after the measured
+# window): how many fsyncs the window's records waited for and how many took longer than
+# 10 ms, the disk's own tail, which under flush policy ack every reader waits behind.
+FSYNCS_PER_S = Metric("fsyncs/s", "fsyncs/s", False)
+SLOW_FSYNCS = Metric("fsyncs over 10 ms", "%", False)
 
 
 def _measured_seconds(scale: Scale) -> int:
@@ -109,10 +115,12 @@ def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None
                                          f"{scale.timeout_s:.0f} s") from None
             _paced(producer, topic, padding, _WARMUP, rate, until=lambda sent: sent >= rate // 2,
                    deadline=time.monotonic() + scale.timeout_s)
+            fsyncs_before = _fsync_histogram(broker)
             start = time.perf_counter()
             _paced(producer, topic, padding, _MEASURED, rate, until=lambda sent: sent >= measured_count,
                    deadline=time.monotonic() + timeout_s)
             send_seconds = time.perf_counter() - start
+            fsyncs_after = _fsync_histogram(broker)
             producer.flush(30)
             consumer.join(timeout_s)
         finally:
@@ -131,8 +139,28 @@ def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None
     if len(latencies) < measured_count:
         raise clients.CaseFailed(f"e2e-latency: {len(latencies)}/{measured_count} records consumed")
     p50, p99, p999 = np.percentile(latencies, [50, 99, 99.9]) / 1e6
-    return {P50.name: p50, P99.name: p99, P999.name: p999, ACHIEVED_RATE.name: measured_count / send_seconds,
-            LOAD.name: os.getloadavg()[0]}
+    figures = {P50.name: p50, P99.name: p99, P999.name: p999, ACHIEVED_RATE.name: measured_count / send_seconds,
+               LOAD.name: os.getloadavg()[0]}
+    if fsyncs_before is not None and fsyncs_after is not None:
+        count = fsyncs_after["+Inf"] - fsyncs_before["+Inf"]
+        fast = fsyncs_after["0.01"] - fsyncs_before["0.01"]
+        figures[FSYNCS_PER_S.name] = count / send_seconds
+        figures[SLOW_FSYNCS.name] = 100 * (count - fast) / count if count else 0.0
+    return figures
+
+
+def _fsync_histogram(broker: RunningBroker) -> dict[str, float] | None:
+    """Fluvial's cumulative fsync counts by upper bound ("0.01", "+Inf", ...); None for Kafka."""
+    if broker.spec.product != "fluvial" or "--http-port" not in broker.listeners:
+        return None
+    with urllib.request.urlopen(f"{broker.http_url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("fluvial_log_fsync_duration_seconds_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            counts[bound] = float(line.rsplit(" ", 1)[1])
+    return counts if "0.01" in counts and "+Inf" in counts else None
 
 
 def _paced(producer, topic: str, padding: bytes, phase: int, rate: int, until, deadline: float) -> None:
@@ -176,7 +204,7 @@ WORKLOAD = Workload(
                 f"{VALUE_SIZE} B values, acks=all, "
                 "linger.ms=5: from the producer's produce() call to the consumer (another process) "
                 "receiving the record; p50/p99/p99.9 over the measured records (warm-up excluded).",
-    metrics=(P50, P99, P999, ACHIEVED_RATE, LOAD),
+    metrics=(P50, P99, P999, ACHIEVED_RATE, LOAD, FSYNCS_PER_S, SLOW_FSYNCS),
     cases=cases,
     settings=settings,
 )

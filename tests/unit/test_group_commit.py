@@ -129,3 +129,45 @@ def test_flushes_of_a_busy_bucket_start_spaced_apart_and_a_lone_one_at_once(tmp_
     # around the loop's spacing): back to back would be a fraction of a millisecond.
     assert gaps and gaps[len(gaps) // 2] >= tables.FLUSH_SPACING_S * 0.9, gaps
     assert len(starts) - 1 <= 0.2 / tables.FLUSH_SPACING_S + 3 < appended, (len(starts), appended)
+
+
+def test_a_steady_producer_and_the_request_after_a_caught_up_backlog_never_wait_for_the_spacing(tmp_path):
+    """The spacing bounds the rate of flush starts (with a burst of FLUSH_BURST), not the gap
+    after each one: a request arriving right after a flush started (the one that covered a
+    slow fsync's backlog) has its own flush started at once, and a producer sending every
+    5 ms (slower than the bound) never waits."""
+    from fluvial.broker import tables
+
+    executor = ThreadPoolExecutor(1)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        bucket = make_bucket(tmp_path, executor)
+        tablet = bucket.tablet
+        starts: list[float] = []
+        original = tablet.flush_up_to
+
+        def recording_flush(offset):
+            starts.append(loop.time())
+            original(offset)
+
+        tablet.flush_up_to = recording_flush
+        delays = []
+        for i in range(20):
+            for _ in range(2):  # two requests back to back: the second waits for no spacing
+                asked = loop.time()
+                written = bucket.append(records(1, tag=i), meta())
+                await bucket.group_commit.wait_durable(written.next_offset)
+                delays.append(starts[-1] - asked)
+            await asyncio.sleep(0.008)  # slower than one flush per FLUSH_SPACING_S, burst included
+        return delays
+
+    try:
+        delays = asyncio.run(scenario())
+    finally:
+        executor.shutdown()
+    # A flush handed to the executor within the loop pass (a loaded machine adds scheduling
+    # noise, never the 4 ms spacing to most of them).
+    delays.sort()
+    assert delays[len(delays) // 2] < tables.FLUSH_SPACING_S / 4, delays
+    assert delays[int(len(delays) * 0.8)] < tables.FLUSH_SPACING_S * 0.75, delays
