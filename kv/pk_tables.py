@@ -32,7 +32,8 @@ from fluvial.broker.log import BatchMeta, FlushPolicy, StoredBatch
 from fluvial.broker.tables import Bucket, Table
 from fluvial.errors import InvalidConfigError, InvalidRecordError, InvalidRequestError, InvalidTableError, StorageError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec, SnapshotInfo, SnapshotStore
-from fluvial.kv.bucketing import BucketFunction, buckets_of
+from fluvial.kv.bucketing import FEW_KEYS, BucketFunction, buckets_of
+from fluvial.kv.row_codec import DATA_PREFIX
 from fluvial.kv.change_types import FIRST_HIDDEN, parse_changes
 from fluvial.kv.rowmerger.aggregate import AGG_PREFIX, aggregates_from_configs
 from fluvial.kv.rowmerger.retract import RetractStats
@@ -150,6 +151,7 @@ class PkTable:
         self.buckets: list[BucketKv] = []
         self.changelog: ChangelogTable | None = None
         self._seen_schema = schema
+        self._kafka_header: bytes | None = None  # see bucket_ids_of_keys; b"": not derivable
         # Lookup requests and keys asked for (metrics; approximate under concurrent readers).
         self.lookups = 0
         self.lookup_keys = 0
@@ -183,9 +185,46 @@ class PkTable:
                 _select(rows, in_schema_order(self.schema, self.layout.bucket_key), self.schema))
         return buckets_of(keys, len(self.table.buckets), self.bucket_function)
 
+    def bucket_ids_of_keys(self, keys: pa.Table, storage_keys: pa.Array) -> np.ndarray:
+        """`bucket_ids` of lookup keys whose storage keys are known: with an Avro key format
+        and the primary key in schema order (the bucket key), a row's Kafka key is its
+        storage key's Avro body behind the 5-byte schema header, so the key columns are
+        encoded once, not twice (a third of a point lookup's broker time otherwise)."""
+        if self._kafka_header is None:
+            self._kafka_header = b""
+            layout = self.layout
+            if (self.key_format.name == "avro" and layout.bucket_key == layout.primary_key
+                    and layout.storage_order == in_schema_order(self.schema, layout.primary_key)):
+                self._kafka_header = bytes([0]) + int(self.key_format.schema_id).to_bytes(4, "big")
+        if not self._kafka_header:
+            return self.bucket_ids(keys)
+        kafka = reheaded(storage_keys, len(DATA_PREFIX), self._kafka_header)
+        return buckets_of(kafka, len(self.table.buckets), self.bucket_function)
+
     @property
     def bucket_function(self) -> str:
         return BucketFunction.normalize(self.table.configs.get(BUCKET_FUNCTION))
+
+
+def reheaded(values: pa.Array, old: int, header: bytes) -> pa.Array:
+    """Binary values with their first `old` bytes replaced by `header`, in one pass."""
+    n = len(values)
+    if n <= FEW_KEYS:
+        return pa.array([header + v[old:] for v in values.to_pylist()], pa.binary())
+    _, obuf, dbuf = values.buffers()
+    offsets = np.frombuffer(obuf, np.int32, n + 1, values.offset * 4).astype(np.int64)
+    data = np.frombuffer(dbuf, np.uint8)
+    body = np.diff(offsets) - old
+    h = len(header)
+    new_offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(body + h, out=new_offsets[1:])
+    out = np.empty(int(new_offsets[-1]), np.uint8)
+    out[(new_offsets[:-1, None] + np.arange(h)).ravel()] = np.frombuffer(header, np.uint8)[None, :].repeat(n, 0).ravel()
+    done = np.zeros(n + 1, np.int64)
+    np.cumsum(body, out=done[1:])
+    step = np.arange(int(done[-1]))
+    out[step + np.repeat(new_offsets[:-1] + h - done[:-1], body)] = data[step + np.repeat(offsets[:-1] + old - done[:-1], body)]
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(new_offsets.astype(np.int32)), pa.py_buffer(out)])
 
 
 def in_schema_order(schema: pa.Schema, columns: list[str]) -> list[str]:
@@ -1160,7 +1199,9 @@ def lookup(table: Table, keys: pa.Table | pa.RecordBatch | list[dict], *,
     pk.lookup_keys += keys.num_rows
     if keys.num_rows == 0:
         return pk.schema.empty_table()
-    return _read_buckets(table, pk, keys, lambda tablet, part: tablet.lookup(part), wait_durable)
+    storage = pk.layout.storage_keys(keys)  # the key columns encoded once, a batch at a time
+    return _read_buckets(table, pk, storage, lambda tablet, part: tablet.rows_of(part), wait_durable,
+                         pk.bucket_ids_of_keys(keys, storage))
 
 
 def prefix_lookup(table: Table, prefixes: pa.Table | pa.RecordBatch | list[dict], *,
@@ -1175,8 +1216,10 @@ def prefix_lookup(table: Table, prefixes: pa.Table | pa.RecordBatch | list[dict]
     return _read_buckets(table, pk, prefixes, lambda tablet, part: tablet.prefix_lookup(part), wait_durable)
 
 
-def _read_buckets(table: Table, pk: PkTable, keys: pa.Table, read, wait_durable) -> pa.Table:
-    ids = pk.bucket_ids(keys)
+def _read_buckets(table: Table, pk: PkTable, keys: pa.Table | pa.Array, read, wait_durable,
+                  ids: np.ndarray | None = None) -> pa.Table:
+    if ids is None:
+        ids = pk.bucket_ids(keys)
     buckets = np.unique(ids).tolist()
     parts = []
     for b in buckets:
