@@ -217,9 +217,14 @@ class KvTablet:
 
         upserts = np.flatnonzero(~deletes)
         new_bytes = pa.nulls(n, pa.binary())
-        if upserts.size:
-            self._check_required(new_rows.take(pa.array(upserts)), upserts)
-            enc = self.codec.encode(new_rows.take(pa.array(upserts)))
+        if upserts.size == n:
+            # Every row writes a row (the common upsert batch): no gathers and scatters.
+            self._check_required(new_rows, upserts)
+            new_bytes = self.codec.encode(new_rows)
+        elif upserts.size:
+            upsert_rows = new_rows.take(pa.array(upserts))
+            self._check_required(upsert_rows, upserts)
+            enc = self.codec.encode(upsert_rows)
             scatter = np.full(n, -1, np.int64)
             scatter[upserts] = np.arange(upserts.size)
             new_bytes = enc.take(pa.array(scatter, mask=scatter < 0))
