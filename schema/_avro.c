@@ -264,8 +264,8 @@ enum {
     OP_DECIMAL_FIXED = 13, OP_COUNT = 14
 };
 /* Flags (`b`) of OP_BLOB and OP_INT/OP_LONG. */
-#define BLOB_TEXT 1        /* a string: must be valid UTF-8 */
-#define BLOB_LARGE 2       /* int64 offsets (large_string) */
+#define BLOB_LARGE 2       /* int64 offsets (large_string); strings are checked as UTF-8 by
+                            * Arrow's validation of the imported column (faster than a loop here) */
 #define INT_UNSIGNED 0x100 /* the low byte is the column's width in bytes */
 
 #define BAD 1 /* the record does not decode */
@@ -365,40 +365,6 @@ put_offset(Buf *b, int64_t total, int large)
         return BAD; /* the NumPy decoder raises OverflowError for this batch */
     v = (int32_t)total;
     return buf_put(b, &v, 4);
-}
-
-/* Strict UTF-8 (what Arrow's validation and Python's decoder accept): no overlong forms,
- * no surrogates, nothing past U+10FFFF. */
-static int
-utf8_valid(const uint8_t *s, int64_t n)
-{
-    int64_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        if (c >= 0xC2 && c <= 0xDF) {
-            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80)
-                return 0;
-            i += 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            uint8_t lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-            if (i + 2 >= n || s[i + 1] < lo || s[i + 1] > hi || (s[i + 2] & 0xC0) != 0x80)
-                return 0;
-            i += 3;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            uint8_t lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-            if (i + 3 >= n || s[i + 1] < lo || s[i + 1] > hi || (s[i + 2] & 0xC0) != 0x80 ||
-                (s[i + 3] & 0xC0) != 0x80)
-                return 0;
-            i += 4;
-        } else {
-            return 0;
-        }
-    }
-    return 1;
 }
 
 /* A varint of a record ending at `end`, moving *at past it. */
@@ -562,8 +528,6 @@ decode_value(Decoder *d, int64_t idx, int64_t *at, int64_t end)
         return rc;
     case OP_BLOB:
         if (length_within(buf, at, end, end, &v) != OK)
-            return BAD;
-        if ((nd->b & BLOB_TEXT) && !utf8_valid(buf + *at, v))
             return BAD;
         if ((rc = buf_put(&nd->body, buf + *at, (size_t)v)) != 0)
             return rc;

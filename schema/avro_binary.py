@@ -237,7 +237,7 @@ class _Op:
 
 
 # Flags of a program entry (its `b`), as schema/_avro.c reads them.
-_BLOB_TEXT, _BLOB_LARGE = 1, 2
+_BLOB_LARGE = 2
 _INT_UNSIGNED = 0x100  # the low byte: the column's width in bytes when narrower than Avro's
 
 
@@ -305,7 +305,7 @@ def _program(node: AvroNode) -> _Program | None:
         elif k in ("bytes", "string"):
             op = _Op.BLOB
             if k == "string":
-                b = _BLOB_TEXT | (_BLOB_LARGE if avro_type_to_arrow(n) == pa.large_string() else 0)
+                b = _BLOB_LARGE if avro_type_to_arrow(n) == pa.large_string() else 0
         elif k == "enum":
             if not n.symbols:
                 raise _NoProgram
@@ -356,7 +356,14 @@ def _decode_native(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.nd
     address = _native.decode_batch(program.code, program.symbols, program.symbol_offsets, data, pos, end)
     if address < 0:
         return None
-    return pa.Array._import_from_c(address, program.type)
+    arr = pa.Array._import_from_c(address, program.type)
+    try:
+        # Strings as UTF-8 (Arrow's check is faster than one in the decoding pass), and the
+        # layout of every column as Arrow reads it.
+        arr.validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    return arr
 
 
 def pad(buffer: np.ndarray) -> np.ndarray:
