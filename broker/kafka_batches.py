@@ -56,12 +56,25 @@ def _build_stored_schema(value_format) -> pa.Schema:
 
 # Built once: the log tablet recognises a schema it has seen by identity, and building one
 # costs more than decoding a small batch. Typed formats follow their table's schema
-# evolution, so theirs are built each time.
+# evolution: theirs is built once per table schema (the codec keeps one schema object
+# until the table evolves).
 _RAW_SCHEMA = _build_stored_schema(RAW)
+_TYPED_SCHEMAS: dict[int, tuple[pa.Schema, pa.Schema]] = {}
 
 
 def stored_schema(value_format=RAW) -> pa.Schema:
-    return _RAW_SCHEMA if value_format is RAW else _build_stored_schema(value_format)
+    if value_format is RAW:
+        return _RAW_SCHEMA
+    codec = getattr(value_format, "codec", None)
+    if codec is None:
+        return _build_stored_schema(value_format)
+    table = codec.table_schema
+    hit = _TYPED_SCHEMAS.get(id(table))
+    if hit is None or hit[0] is not table:
+        if len(_TYPED_SCHEMAS) > 1024:
+            _TYPED_SCHEMAS.clear()
+        hit = _TYPED_SCHEMAS[id(table)] = (table, _build_stored_schema(value_format))
+    return hit[1]
 
 
 # Offset deltas 0..n-1, to check produced batches against without allocating per batch.

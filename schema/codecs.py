@@ -180,7 +180,11 @@ class _SubjectCodec:
 
     @property
     def table_type(self) -> pa.StructType:
-        return pa.struct(list(self.table_schema))
+        schema = self.table_schema
+        cached = getattr(self, "_table_type", None)
+        if cached is None or cached[0] is not schema:  # built once per table schema, not per batch
+            cached = self._table_type = (schema, pa.struct(list(schema)))
+        return cached[1]
 
     def refusal(self, schema_id: int) -> str | None:
         """Why records written with this schema id are refused (None = accepted)."""

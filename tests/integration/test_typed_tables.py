@@ -141,6 +141,11 @@ def test_create_topic_with_avro_schema_config_and_invalid_records(broker, topic_
         {"type": "record", "name": "Z", "fields": [{"name": "z", "type": "int"}]}), "AVRO"))
     bad_values = {
         "malformed bytes": good[:5] + b"\xff\xff\xff",
+        # Refused by the compiled decoder, then named by the NumPy one.
+        "bytes left over": good + b"\x00",
+        "string not UTF-8": good[:5] + b"\x02\x02\xff",
+        "non-canonical varint": good[:5] + b"\x82\x00\x02x",
+        "truncated": good[:-1],
         "unknown schema id": b"\x00" + (999999).to_bytes(4, "big") + good[5:],
         "id of another subject": b"\x00" + other.to_bytes(4, "big") + good[5:],
         "no wire format": b"plain text",
