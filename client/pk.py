@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,7 @@ class LookupSession:
         self.key_schema = key_schema
         self.header = header  # the bearer token it was opened with: a renewed token opens a new one
         self.used = False
+        self.last_used = time.monotonic()
         self.lock = threading.Lock()
         self._writer, self._reader = client._flight.do_exchange(flight.FlightDescriptor.for_command(command),
                                                                 client._options())
@@ -120,6 +122,7 @@ class LookupSession:
         except StopIteration:
             return None
         self.used = True
+        self.last_used = time.monotonic()
         return pa.Table.from_batches([chunk.data])
 
     def close(self) -> None:
@@ -130,14 +133,39 @@ class LookupSession:
                 pass  # the stream is already gone
 
 
+# A session unused this long is closed: an open session holds a broker thread, and a
+# broker stopping waits for its open calls, so idle clients must not keep it waiting.
+SESSION_IDLE_S = 1.0
+
+
 class LookupSessions:
-    """The client's open lookup sessions, one per table (and key schema)."""
+    """The client's open lookup sessions, one per table (and key schema); a daemon thread
+    closes those idle for `SESSION_IDLE_S`."""
 
     def __init__(self, client):
         self.client = client
         self._open: dict[str, LookupSession] = {}
         self._lock = threading.Lock()
         self.closed = False
+        self._reaper: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def _start_reaper(self) -> None:
+        if self._reaper is None:
+            self._reaper = threading.Thread(target=self._reap, name="fluvial-lookup-sessions", daemon=True)
+            self._reaper.start()
+
+    def _reap(self) -> None:
+        while not self._wake.wait(SESSION_IDLE_S / 4):
+            now = time.monotonic()
+            idle = []
+            with self._lock:
+                for table, session in list(self._open.items()):
+                    if now - session.last_used >= SESSION_IDLE_S and session.lock.acquire(blocking=False):
+                        del self._open[table]
+                        idle.append(session)
+            for session in idle:
+                session.close()
 
     def _header(self):
         session = self.client._session
@@ -162,6 +190,7 @@ class LookupSessions:
             session = LookupSession(self.client, table, key_schema, header)
             session.lock.acquire()
             self._open[table] = session
+            self._start_reaper()
             return session
 
     def drop(self, table: str, session: LookupSession) -> None:
@@ -174,6 +203,7 @@ class LookupSessions:
         with self._lock:
             self.closed = True
             sessions, self._open = list(self._open.values()), {}
+        self._wake.set()
         for session in sessions:
             session.close()
 

@@ -14,7 +14,9 @@ the rows found as one record batch, in order, on the same stream. Only the first
 of each direction carries a schema; a lookup then costs one message each way on an open
 HTTP/2 stream instead of a whole call (headers, authentication, JSON, base64). The
 table's ACLs are checked per lookup; the broker ends the stream (no error) when the
-table's columns changed, and the client opens a new session.
+table's columns changed or it is stopping, and the client opens a new session. An open
+session holds a Flight thread and a stopping broker waits for it: clients close sessions
+idle for a second.
 """
 from __future__ import annotations
 
@@ -101,7 +103,7 @@ def lookup_session(server, require_read: Callable[[str], None], name: str, reade
     pk_tables.pk_state(server._table(name))  # refused at once unless a primary-key table
     wait_durable = functools.partial(server._on_loop, pk_tables.await_fence)
     schema = None
-    while True:
+    while not server.stopping:  # a stopping broker ends busy sessions; idle ones the client closes
         try:
             chunk = reader.read_chunk()
         except StopIteration:

@@ -190,3 +190,25 @@ def test_an_open_session_survives_a_broker_restart(fresh_broker, topic_name):
         assert t.lookup(pa.table({"id": pa.array([1], pa.int64())})).column("name").to_pylist() == ["a"]
     with pytest.raises(ValueError, match="closed"):
         t.lookup(pa.table({"id": pa.array([1], pa.int64())}))
+
+
+def test_idle_sessions_close_so_a_stopping_broker_never_waits_for_them(fresh_broker, topic_name):
+    import time
+
+    b = fresh_broker()
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("name", pa.string())])
+    with connect(b.flight_url) as c:
+        t = c.create_table(topic_name, schema, primary_key=["id"])
+        t.upsert(pa.table({"id": pa.array([1], pa.int64()), "name": ["a"]}))
+        assert t.lookup(pa.table({"id": pa.array([1], pa.int64())})).num_rows == 1
+        assert session_of(c, topic_name) is not None
+        deadline = time.monotonic() + client_pk.SESSION_IDLE_S * 5
+        while session_of(c, topic_name) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert session_of(c, topic_name) is None  # closed once idle
+        assert t.lookup(pa.table({"id": pa.array([1], pa.int64())})).num_rows == 1  # and reopened on use
+        # The client is still connected, its session just used: the broker stops on its own
+        # (SIGTERM, exit 0), not killed after the stop timeout.
+        started = time.monotonic()
+        assert b.stop() == 0
+        assert time.monotonic() - started < 15
