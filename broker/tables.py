@@ -28,6 +28,8 @@ from fluvial.broker.config import (TOPIC_CONFIGS, BrokerConfig, check_alterable,
                                    config_flag,
                                    validate_topic_configs)
 from fluvial.broker.log import BatchMeta, FlushPolicy, LogConfig, LogTablet
+from fluvial.broker.log_table import LOG_TABLE
+from fluvial.broker.table_kind import TableKind
 from fluvial.broker.metadata import MetadataStore
 from fluvial.errors import (FluvialError, InvalidConfigError, InvalidPartitionsError, InvalidRecordError, InvalidTableError,
                             StorageError, TableExistsError, UnknownTableError)
@@ -283,6 +285,9 @@ class Table:
     value_format: object = kafka_batches.RAW
     # Topic config defaults the broker's own settings give (e.g. remote.storage.enable).
     broker_defaults: dict[str, str] = field(default_factory=dict)
+    # What the handlers call to write, read and describe it (broker/table_kind.py): a log
+    # table's unless the primary-key service attaches its own when the table opens.
+    kind: TableKind = LOG_TABLE
 
     def config(self, name: str) -> str:
         value = self.configs.get(name)

@@ -28,7 +28,6 @@ import numpy as np
 import pyarrow as pa
 
 from fluvial.broker import kafka_batches
-from fluvial.kv import pk_tables
 from fluvial.broker.log.batch_meta import ATTR_CONTROL, ATTR_TRANSACTIONAL
 from fluvial.broker.metadata import MetadataStore
 from fluvial.broker.txn_index import ABORT, COMMIT, TransactionIndex
@@ -354,10 +353,8 @@ class TransactionCoordinator:
                 bucket = self.broker.tables.get(topic).bucket(partition)
             except FluvialError:
                 continue  # deleted since: nothing left to mark
-            if pk_tables.is_primary_key(bucket.table):
-                # No marker: the held writes are applied (commit) or dropped (abort).
-                await self.broker.extensions["txn_pk"].finish(self.broker, bucket, producer_id, kind == COMMIT)
-                continue
+            if await bucket.table.kind.end_transaction(self.broker, bucket, producer_id, kind == COMMIT):
+                continue  # no marker: the kind applied (commit) or dropped (abort) the writes it held
             wire = bytearray(control_batch(producer_id, producer_epoch, kind))
             header = parse_batch_header(wire)
             records, batch_meta = kafka_batches.to_arrow(memoryview(wire), header)

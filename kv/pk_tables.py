@@ -29,10 +29,13 @@ from fluvial.broker import kafka_batches
 from fluvial.progress import ProgressLog
 from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.log import BatchMeta, FlushPolicy, StoredBatch
+from fluvial.broker.log_table import stored_batches
+from fluvial.broker.table_kind import CHANGELOG_SUFFIX, PRIMARY_KEY as PRIMARY_KEY_KIND, TableKind
 from fluvial.broker.tables import Bucket, Table
 from fluvial.errors import InvalidConfigError, InvalidRecordError, InvalidRequestError, InvalidTableError, StorageError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec, SnapshotInfo, SnapshotStore
 from fluvial.kv.bucketing import FEW_KEYS, BucketFunction, buckets_of
+from fluvial.kv.durable_view import DurableView
 from fluvial.kv.row_codec import DATA_PREFIX
 from fluvial.kv.change_types import FIRST_HIDDEN, parse_changes
 from fluvial.kv.rowmerger.aggregate import AGG_PREFIX, aggregates_from_configs
@@ -53,7 +56,6 @@ VALUE_FORMAT = "fluvial.value.format"
 VALUE_SCHEMA = "fluvial.value.schema"
 UPSERT_KEY = "fluvial.upsert.key"
 RETRACT_STATE_TTL = "fluvial.retract.state.ttl.ms"
-CHANGELOG_SUFFIX = ".changelog"
 CHANGE_HEADER = "fluvial.change"
 
 # Snapshots: every SNAPSHOT_INTERVAL_S seconds for buckets that changed, keeping SNAPSHOT_RETAIN.
@@ -134,6 +136,9 @@ class BucketKv:
     snapshot_offset: int = -1
     remote: "RemoteKvSnapshots | None" = None  # the table's remote storage is on
     remote_offset: int | None = None  # offset of the newest snapshot in the object store (None: not looked up)
+    # Before-images of the writes not yet durable: lookups read the durable state without
+    # waiting for an fsync (kv/durable_view.py).
+    durable: DurableView | None = None
 
 
 class PkTable:
@@ -339,6 +344,7 @@ def _changelog_view(table: Table) -> ChangelogTable:
     view = ChangelogTable(table.name + CHANGELOG_SUFFIX, uuid.uuid5(table.topic_id, "changelog"),
                           configs, table.created_ms, source=table)
     view.value_format = table.value_format
+    view.kind = CHANGELOG_VIEW
     view.buckets = [ChangelogBucket(view, b) for b in table.buckets]
     return view
 
@@ -423,6 +429,9 @@ class PkTableService:
         them); returns what publishes the table's state and changelog view on the loop."""
         if isinstance(table, ChangelogTable) or not table.configs.get(PRIMARY_KEY):
             return None
+        # Served as a primary-key table even when its KV tablets cannot open: writes and
+        # reads then fail with the reason, never reach its log as a log table's would.
+        table.kind = PRIMARY_KEY_TABLE
         fmt = table.value_format
         codec = getattr(fmt, "codec", None)
         if codec is None:
@@ -492,7 +501,8 @@ class PkTableService:
         snapshots = SnapshotStore(self.snapshot_dir / f"{pk.table.name}-{bucket.index}", SNAPSHOT_RETAIN)
         remote = self.remote_snapshots(pk.table, bucket.index)
         tablet = open_kv_tablet(path, pk, bucket, snapshots, remote)
-        kv = BucketKv(bucket, tablet, snapshots, remote=remote)
+        kv = BucketKv(bucket, tablet, snapshots, remote=remote,
+                      durable=DurableView(lambda: bucket.group_commit.durable_offset, tablet.applied_offset))
         latest = snapshots.latest()
         kv.snapshot_offset = latest.log_offset if latest else -1
         return kv
@@ -848,6 +858,12 @@ def _append(pk: PkTable, bucket: Bucket, write, stored: pa.RecordBatch | None, m
 
     def apply():
         try:
+            if kv.durable is not None:
+                if bucket.tablet.config.flush_policy is FlushPolicy.ACK:
+                    # Before RocksDB has them: a lookup that sees these rows finds what they replace.
+                    kv.durable.add(written.next_offset, write.keys, kv.tablet.db.get(write.keys))
+                else:
+                    kv.durable.clear()
             kv.tablet.apply(write, written.next_offset)
         except Exception:
             # The changelog holds the write; RocksDB catches up from it.
@@ -1200,7 +1216,7 @@ def lookup(table: Table, keys: pa.Table | pa.RecordBatch | list[dict], *,
     if keys.num_rows == 0:
         return pk.schema.empty_table()
     storage = pk.layout.storage_keys(keys)  # the key columns encoded once, a batch at a time
-    return _read_buckets(table, pk, storage, lambda tablet, part: tablet.rows_of(part), wait_durable,
+    return _read_buckets(table, pk, storage, lambda tablet, part, durable: tablet.rows_of(part, durable), wait_durable,
                          pk.bucket_ids_of_keys(keys, storage))
 
 
@@ -1213,7 +1229,8 @@ def prefix_lookup(table: Table, prefixes: pa.Table | pa.RecordBatch | list[dict]
     pk.layout.check_keys(prefixes, "prefix", pk.layout.bucket_key)
     if prefixes.num_rows == 0:
         return pk.schema.empty_table()
-    return _read_buckets(table, pk, prefixes, lambda tablet, part: tablet.prefix_lookup(part), wait_durable)
+    return _read_buckets(table, pk, prefixes, lambda tablet, part, durable: tablet.prefix_lookup(part, durable),
+                         wait_durable)
 
 
 def _read_buckets(table: Table, pk: PkTable, keys: pa.Table | pa.Array, read, wait_durable,
@@ -1222,12 +1239,21 @@ def _read_buckets(table: Table, pk: PkTable, keys: pa.Table | pa.Array, read, wa
         ids = pk.bucket_ids(keys)
     buckets = np.unique(ids).tolist()
     parts = []
+    fenced = []
     for b in buckets:
-        table.buckets[b].tablet.check_online()  # an offline bucket's KV may hold unacknowledged rows
+        bucket = table.buckets[b]
+        bucket.tablet.check_online()  # an offline bucket's KV may hold unacknowledged rows
         part = keys if len(buckets) == 1 else keys.take(pa.array(np.flatnonzero(ids == b)))
-        parts.append(read(pk.buckets[b].tablet, part))
+        # Under flush policy ack, rows as of the durable changelog: no wait for an fsync
+        # under way. A bucket whose durable offset is still below what its KV tablet held
+        # when it opened waits for it instead.
+        durable = pk.buckets[b].durable
+        if durable is not None and not (bucket.tablet.config.flush_policy is FlushPolicy.ACK and durable.usable()):
+            durable = None
+            fenced.append(b)
+        parts.append(read(pk.buckets[b].tablet, part, durable))
     # The fence is taken after the reads: every row they saw was appended before it.
-    fence = read_fence(table, buckets)
+    fence = read_fence(table, fenced)
     if fence:
         wait_durable(table, fence)
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
@@ -1358,6 +1384,107 @@ def table_deleted(table: Table):
     if svc is not None:
         return svc.forget_deleted()
     return None
+
+
+# ---------------------------------------------------------------- the table kinds
+
+def _read_kafka(table: Table, broker, bucket, offset: int, max_bytes: int, min_one: bool, *,
+                full: bool) -> tuple[list[bytes], int]:
+    """Stored changelog batches from `offset` as Kafka batches of the upsert (or full) view."""
+    compression = bucket.table.config("compression.type")
+    out: list[bytes] = []
+    size = 0
+    for stored in stored_batches(broker, bucket, offset, max_bytes):
+        wire = changelog_wire(table, stored, full=full, compression_type=compression,
+                              leader_epoch=bucket.leader_epoch)
+        if wire is None:
+            continue
+        if (out or not min_one) and size + len(wire) > max_bytes:
+            break
+        out.append(wire)
+        size += len(wire)
+    return out, size
+
+
+class PrimaryKeyTable(TableKind):
+    """A table with a primary key: writes merge into its KV tablets, whose changelog is the
+    log; Kafka consumers of the table read the upsert stream (+I/+U, -D as tombstones)."""
+
+    name = PRIMARY_KEY_KIND
+
+    def decode_produced(self, bucket, wire: memoryview, header, *, log_append_time_ms: int | None):
+        return to_write(bucket, wire, header, log_append_time_ms=log_append_time_ms)
+
+    async def hold_transactional(self, broker, bucket, meta: BatchMeta, wire: bytes) -> bool:
+        # Its writes reach the KV state only when the transaction commits: held (durably)
+        # until then (kv/txn_pk.py).
+        await broker.extensions["txn_pk"].hold(bucket, meta, wire)
+        return True
+
+    async def append_produced(self, broker, bucket, write, meta: BatchMeta, *, wire, acks: int,
+                              on_append) -> BatchMeta:
+        # The stored changelog is not the producer's batch: nothing for the wire cache.
+        return await produce(bucket, write, meta, on_append)
+
+    async def end_transaction(self, broker, bucket, producer_id: int, commit: bool) -> bool:
+        await broker.extensions["txn_pk"].finish(broker, bucket, producer_id, commit)
+        return True
+
+    def read_kafka(self, broker, bucket, offset: int, max_bytes: int, min_one: bool = True):
+        return _read_kafka(bucket.table, broker, bucket, offset, max_bytes, min_one, full=False)
+
+    def check_appendable(self, table) -> None:
+        # Plain appends would bypass the merge.
+        raise InvalidRequestError(f"{table.name} is a primary-key table: write with upsert/delete, not append")
+
+    def describe(self, table) -> dict:
+        return {"kind": self.name, "primary_key": _columns(table.configs.get(PRIMARY_KEY)),
+                "kv_stats": kv_stats(table)}
+
+    async def write_rows(self, table, rows, *, deletes=None, partial_columns=None):
+        return await write_table_rows(table, rows, deletes=deletes, partial_columns=partial_columns)
+
+    def check_primary_key(self, table) -> None:
+        _state(table)
+
+    def lookup(self, table, keys, *, wait_durable):
+        return lookup(table, keys, wait_durable=wait_durable)
+
+    def prefix_lookup(self, table, prefixes, *, wait_durable):
+        return prefix_lookup(table, prefixes, wait_durable=wait_durable)
+
+    async def await_durable(self, table, fence: dict[int, int]) -> None:
+        await await_fence(table, fence)
+
+    async def kv_snapshot(self, table) -> list[SnapshotInfo]:
+        return await snapshot(table)
+
+    def kv_snapshots(self, table) -> list[list[SnapshotInfo]]:
+        return snapshots(table)
+
+    def remote_kv_snapshot(self, bucket) -> dict | None:
+        return remote_snapshot(bucket)
+
+    async def full_read(self, bucket) -> tuple[pa.Table, int]:
+        return await full_read(bucket)
+
+
+class ChangelogView(TableKind):
+    """`<table>.changelog`: the table's log tablets read as the full changelog (+I, -U, +U,
+    -D); described as a log table; written only through its table."""
+
+    def check_producible(self, table) -> None:
+        check_producible(table)
+
+    def check_records_deletable(self, table) -> None:
+        check_records_deletable(table)
+
+    def read_kafka(self, broker, bucket, offset: int, max_bytes: int, min_one: bool = True):
+        return _read_kafka(bucket.table.source, broker, bucket, offset, max_bytes, min_one, full=True)
+
+
+PRIMARY_KEY_TABLE = PrimaryKeyTable()
+CHANGELOG_VIEW = ChangelogView()
 
 
 # ---------------------------------------------------------------- start / stop

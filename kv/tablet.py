@@ -14,7 +14,7 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,9 @@ from fluvial.kv.row_codec import DATA_PREFIX, ROW_FLAG, KeyLayout, RowCodec, str
 from fluvial.kv.rowmerger import Action, MergeEngine, MergeSpec, merger_for
 from fluvial.kv.rowmerger.aggregate import AggregateMerger
 from fluvial.kv.rowmerger.retract import INPUT_DELETE_KEY, RetractMaterializer, RetractStats, state_key
+
+if TYPE_CHECKING:
+    from fluvial.kv.durable_view import DurableView
 
 log = logging.getLogger(__name__)
 
@@ -601,33 +604,43 @@ class KvTablet:
         self.apply(write, next_offset)
 
     # ------------------------------------------------------------ reads
-    def lookup(self, keys: pa.RecordBatch | pa.Table) -> pa.Table:
+    def lookup(self, keys: pa.RecordBatch | pa.Table, durable: "DurableView | None" = None) -> pa.Table:
         """The current rows of the given keys (key columns), in the order asked; keys
-        without a row are left out."""
+        without a row are left out. With `durable`: as of the durable changelog."""
         self.layout.check_keys(keys, "key")
         if keys.num_rows == 0:
             return self.schema.empty_table()
-        return self.rows_of(self.layout.storage_keys(keys))
+        return self.rows_of(self.layout.storage_keys(keys), durable)
 
-    def rows_of(self, keys: pa.Array) -> pa.Table:
+    def rows_of(self, keys: pa.Array, durable: "DurableView | None" = None) -> pa.Table:
         """The current rows of storage keys (`layout.storage_keys`), in the order asked;
-        keys without a row are left out. One sorted multi-get, one batch decode."""
-        return self._rows_table(self.multi_get(keys).drop_null())
+        keys without a row are left out. One sorted multi-get, one batch decode. With
+        `durable`: as of the durable changelog."""
+        found = self.multi_get(keys)
+        if durable is not None:
+            found = durable.rewind(keys, found)
+        return self._rows_table(found.drop_null())
 
-    def prefix_lookup(self, prefixes: pa.RecordBatch | pa.Table) -> pa.Table:
-        """The current rows whose bucket-key columns equal one of the given prefixes."""
+    def prefix_lookup(self, prefixes: pa.RecordBatch | pa.Table, durable: "DurableView | None" = None) -> pa.Table:
+        """The current rows whose bucket-key columns equal one of the given prefixes. With
+        `durable`: as of the durable changelog."""
         self.layout.check_keys(prefixes, "prefix", self.layout.bucket_key)
         values: list[bytes] = []
         for prefix in self.layout.prefix_keys(prefixes).to_pylist():
+            found: dict[bytes, bytes] = {}
             it = self.db.iter()
             it.seek(prefix)
             while it.valid():
                 key = it.key()
                 if not key.startswith(prefix):
                     break
-                values.append(it.value())
+                found[key] = it.value()
                 it.next()
             del it
+            if durable is not None:
+                found = durable.rewind_prefix(prefix, found)
+                found = dict(sorted(found.items()))  # key order, as the scan gives it
+            values.extend(found.values())
         return self._rows_table(pa.array(values, pa.binary()))
 
     def snapshot(self):

@@ -28,7 +28,7 @@ from fluvial.broker.flight import compaction as compaction_api
 from fluvial.broker.flight import pk as pk_api
 from fluvial.broker.flight import tiering as tiering_api
 from fluvial.broker.flight.auth import BROKER_PRINCIPAL_TYPE, peer_host, principal_of
-from fluvial.kv.pk_tables import CHANGELOG_SUFFIX
+from fluvial.broker.table_kind import CHANGELOG_SUFFIX
 from fluvial.client.wire import CREATE_TABLE, DESCRIBE, DROP_TABLE, LIST_TABLES, OFFSETS
 from fluvial.security.acls import AclOperation, ResourceType
 from fluvial.security.principal import Principal

@@ -78,22 +78,15 @@ def describe(table: Table) -> dict:
     fmt = value_format_of(table)
     return {
         "name": table.name,
-        "kind": "primary_key" if table.configs.get("fluvial.primary.key") else "log",
         "buckets": len(table.buckets),
-        "primary_key": [c.strip() for c in table.configs["fluvial.primary.key"].split(",")]
-        if table.configs.get("fluvial.primary.key") else None,
         "kafka_format": fmt.name,
         "schema": schema_to_b64(schema_with_field_ids(user_schema(table))),
         "offsets": bucket_offsets(table),
         "configs": dict(table.configs),
         "created_ms": table.created_ms,
-        "kv_stats": _kv_stats(table),
+        # kind, primary_key, kv_stats
+        **table.kind.describe(table),
     }
-
-
-def _kv_stats(table: Table) -> dict | None:
-    from fluvial.kv import pk_tables
-    return pk_tables.kv_stats(table)
 
 
 async def create_table(broker, name: str, schema: pa.Schema | None, buckets: int, kafka_format: str | None,

@@ -29,7 +29,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from fluvial.kv import pk_tables
 from fluvial.errors import InvalidRequestError
 
 LOOKUP = "lookup"
@@ -100,8 +99,9 @@ def exchange_request(descriptor: flight.FlightDescriptor) -> dict:
 def lookup_session(server, require_read: Callable[[str], None], name: str, reader, writer) -> None:
     """Serve one lookup session until the client stops sending (see the module doc).
     Runs on its Flight thread: RocksDB reads here, a wait for durability on the loop."""
-    pk_tables.pk_state(server._table(name))  # refused at once unless a primary-key table
-    wait_durable = functools.partial(server._on_loop, pk_tables.await_fence)
+    table = server._table(name)
+    table.kind.check_primary_key(table)  # refused at once unless a primary-key table
+    wait_durable = functools.partial(server._on_loop, table.kind.await_durable)
     schema = None
     while not server.stopping:  # a stopping broker ends busy sessions; idle ones the client closes
         try:
@@ -112,7 +112,8 @@ def lookup_session(server, require_read: Callable[[str], None], name: str, reade
         if keys is None:
             continue
         require_read(name)  # an ACL removed mid-session applies from the next lookup on
-        rows = pk_tables.lookup(server._table(name), keys, wait_durable=wait_durable)
+        table = server._table(name)
+        rows = table.kind.lookup(table, keys, wait_durable=wait_durable)
         if schema is None:
             schema = rows.schema
             writer.begin(schema)
@@ -132,16 +133,15 @@ def _one_batch(rows: pa.Table) -> pa.RecordBatch:
 
 
 def refuse_append(table) -> None:
-    """Plain appends would bypass the merge: a primary-key table takes upserts and deletes."""
-    if pk_tables.is_primary_key(table):
-        raise InvalidRequestError(f"{table.name} is a primary-key table: write with upsert/delete, not append")
-    pk_tables.check_producible(table)
+    """Refuse a plain append the table's kind does not take (a primary-key table takes
+    upserts and deletes: an append would bypass the merge; a changelog view takes none)."""
+    table.kind.check_appendable(table)
 
 
 def do_put(server, body: dict, reader, writer) -> None:
     """Upserts or deletes, batch by batch, each acknowledged once durable."""
     table = server._table(body.get("table"))
-    pk_tables.pk_state(table)
+    table.kind.check_primary_key(table)
     columns = body.get("columns")
     delete = body["op"] == "delete"
     for chunk in reader:
@@ -149,7 +149,7 @@ def do_put(server, body: dict, reader, writer) -> None:
         if batch is None or batch.num_rows == 0:
             continue
         deletes = np.ones(batch.num_rows, bool) if delete else None
-        written = server._on_loop(functools.partial(pk_tables.write_table_rows, table, batch, deletes=deletes,
+        written = server._on_loop(functools.partial(table.kind.write_rows, table, batch, deletes=deletes,
                                                     partial_columns=columns))
         writer.write(pa.py_buffer(json.dumps(
             {"written": [[b, w.base_offset, w.record_count] for b, w in written]}).encode()))
@@ -161,21 +161,21 @@ def do_action(server, kind: str, body: dict) -> list[flight.Result] | None:
         return None
     table = server._table(body.get("table"))
     # Lookups read RocksDB on this Flight thread; only a wait for durability goes to the loop.
-    wait_durable = functools.partial(server._on_loop, pk_tables.await_fence)
+    wait_durable = functools.partial(server._on_loop, table.kind.await_durable)
     if kind == LOOKUP:
-        rows = pk_tables.lookup(table, _arrow_body(body, "keys"), wait_durable=wait_durable)
+        rows = table.kind.lookup(table, _arrow_body(body, "keys"), wait_durable=wait_durable)
         return [flight.Result(ipc_bytes(rows))]
     if kind == PREFIX_LOOKUP:
-        rows = pk_tables.prefix_lookup(table, _arrow_body(body, "prefixes"), wait_durable=wait_durable)
+        rows = table.kind.prefix_lookup(table, _arrow_body(body, "prefixes"), wait_durable=wait_durable)
         return [flight.Result(ipc_bytes(rows))]
     if kind == KV_SNAPSHOT:
-        infos = server._on_loop(pk_tables.snapshot, table)
+        infos = server._on_loop(table.kind.kv_snapshot, table)
         return [flight.Result(json.dumps([i.to_json() for i in infos]).encode())]
     if kind == KV_SNAPSHOTS:
-        per_bucket = pk_tables.snapshots(table)
+        per_bucket = table.kind.kv_snapshots(table)
         return [flight.Result(json.dumps([[i.to_json() for i in b] for b in per_bucket]).encode())]
     bucket = table.bucket(int(body.get("bucket", 0)))
     if kind == REMOTE_SNAPSHOT:
-        return [flight.Result(json.dumps(pk_tables.remote_snapshot(bucket)).encode())]
-    rows, offset = server._on_loop(pk_tables.full_read, bucket)
+        return [flight.Result(json.dumps(table.kind.remote_kv_snapshot(bucket)).encode())]
+    rows, offset = server._on_loop(table.kind.full_read, bucket)
     return [flight.Result(ipc_bytes(rows, {"fluvial.log_offset": str(offset)}))]

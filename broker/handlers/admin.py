@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 
-from fluvial.kv import pk_tables
 from fluvial.broker.tables import check_bucket_growth
 from fluvial.broker.config import TOPIC_CONFIGS
 from fluvial.broker.config_resources import RESOURCE_BROKER, RESOURCE_GROUP, RESOURCE_TOPIC
@@ -161,7 +160,7 @@ async def delete_records(ctx: RequestContext, request):
             try:
                 require(ctx, AclOperation.DELETE, ResourceType.TOPIC, t.name)
                 table = ctx.broker.tables.get(t.name)
-                pk_tables.check_records_deletable(table)
+                table.kind.check_records_deletable(table)
                 bucket = table.bucket(p.partition_index)
                 tablet = bucket.tablet
                 target = tablet.high_watermark if p.offset == HIGH_WATERMARK else p.offset

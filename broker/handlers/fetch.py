@@ -11,10 +11,7 @@ import struct
 import time
 import weakref
 
-import numpy as np
-
 from fluvial.broker import kafka_batches
-from fluvial.kv import pk_tables
 from fluvial.broker.authorization import allowed
 from fluvial.broker.read_ahead import ReadAhead, next_offset
 from fluvial.broker.handlers import RequestContext, handles
@@ -27,89 +24,10 @@ from fluvial.security.acls import AclOperation, ResourceType
 
 def _read_bucket(ctx: RequestContext, bucket, offset: int, max_bytes: int,
                  min_one: bool = True) -> tuple[list[bytes], int]:
-    """Encoded batches from `offset`, at most `max_bytes`, Kafka's way: only the first
-    partition with data in a response (`min_one`) may return a batch larger than the limit,
-    and a stored batch whose encoding is larger than the limit (a big table-API append) is
-    sent in slices of its rows that fit, so no response grows without bound.
-
-    Offsets below the local log that the remote log holds are read from the object store
-    (the caller runs this on an executor then)."""
-    cache = ctx.broker.wire_cache
-    compression = bucket.table.config("compression.type")
-    out: list[bytes] = []
-    size = 0
-    pk_view = pk_tables.kafka_view(bucket.table)
-    remote_log = ctx.broker.remote_log
-    if remote_log.serves(bucket, offset):
-        source = remote_log.read_batches(bucket, offset, max_bytes)
-    else:
-        source = bucket.tablet.read(offset, max_bytes)
-    for stored in source:
-        if pk_view is not None:
-            wire = pk_view(stored, compression_type=compression, leader_epoch=bucket.leader_epoch)
-            if wire is None:
-                continue
-            if (out or not min_one) and size + len(wire) > max_bytes:
-                break
-            out.append(wire)
-            size += len(wire)
-            continue
-        wire = None
-        value_format = kafka_batches.format_of(stored, bucket.table.value_format)
-        if compression == "producer":
-            wire = cache.get(bucket.table.name, bucket.index, stored.meta.base_offset)
-        if wire is None:
-            wire = kafka_batches.to_wire(stored, compression_type=compression, leader_epoch=bucket.leader_epoch,
-                                         value_format=value_format)
-            if value_format.name == "avro" and compression == "producer" and \
-                    ctx.broker.tables.tables.get(bucket.table.name) is bucket.table:
-                # Re-encoding Avro from columns is the costly part of a fetch, and its bytes never change
-                # (each record's own writer schema): the next reader of this batch reuses them.
-                cache.put(bucket.table.name, bucket.index, stored.meta.base_offset, wire)
-        if not out and len(wire) > max_bytes and stored.batch.num_rows > 1:
-            part = _slice_to_fit(stored, offset, max_bytes, compression, bucket.leader_epoch,
-                                 value_format, len(wire))
-            if part is not None:
-                if not min_one and len(part) > max_bytes:
-                    break
-                # The rest of the batch comes with the next fetch, from the slice's end.
-                return [part], len(part)
-        if (out or not min_one) and size + len(wire) > max_bytes:
-            break
-        out.append(wire)
-        size += len(wire)
-    return out, size
-
-
-def _slice_to_fit(stored, offset: int, room: int, compression: str, leader_epoch: int, value_format,
-                  whole_size: int) -> bytes | None:
-    """The rows of a too-large stored batch from `offset` on, as many as fit in `room`
-    (at least one), as one Kafka batch: its base offset is the first row's and its last
-    offset delta the last row's, so a client continues right after it."""
-    from fluvial.broker.log import BatchMeta, StoredBatch
-
-    batch = stored.batch
-    offsets = batch.column("_offset").to_numpy(zero_copy_only=False)
-    first = int(np.searchsorted(offsets, offset))
-    rows = batch.num_rows - first
-    if rows <= 0:
-        return None  # the offset lies in a compacted gap at the batch's end: send it whole
-    per_row = max(1, whole_size // max(1, batch.num_rows))
-    take = max(1, min(rows, room // per_row))
-    while True:
-        part = batch.slice(first, take)
-        base = int(offsets[first])
-        meta = stored.meta
-        last = meta.last_offset if first + take == batch.num_rows else int(offsets[first + take - 1])
-        sliced = BatchMeta(base_offset=base, last_offset_delta=last - base,
-                           record_count=take, base_timestamp=meta.base_timestamp,
-                           max_timestamp=meta.max_timestamp, attributes=meta.attributes,
-                           partition_leader_epoch=meta.partition_leader_epoch, schema_id=meta.schema_id)
-        wire = kafka_batches.to_wire(StoredBatch(sliced, part), compression_type=compression,
-                                     leader_epoch=leader_epoch, value_format=value_format)
-        if len(wire) <= room or take == 1:
-            return wire
-        take = max(1, take * room // len(wire) - 1)
+    """Encoded batches from `offset`, at most `max_bytes`, as the table's kind serves them
+    (`TableKind.read_kafka`). Offsets below the local log that the remote log holds are
+    read from the object store (the caller runs this on an executor then)."""
+    return bucket.table.kind.read_kafka(ctx.broker, bucket, offset, max_bytes, min_one)
 
 
 def _committed_view(state, result: FetchedPartition, batches: list, fetch_offset: int) -> tuple[list, int]:
@@ -207,8 +125,7 @@ _READ_AHEAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # wire cac
 def _avro_read_ahead(ctx: RequestContext, bucket) -> ReadAhead | None:
     """The broker's read-ahead when this bucket's fetches re-encode Avro into the wire cache."""
     table = bucket.table
-    if getattr(table.value_format, "name", "raw") != "avro" or table.config("compression.type") != "producer" \
-            or pk_tables.kafka_view(table) is not None:
+    if not table.kind.caches_reencoded(table):
         return None
     cache = ctx.broker.wire_cache
     ahead = _READ_AHEAD.get(cache)
@@ -246,10 +163,9 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
             cached = None
             if end <= p.fetch_offset <= tablet.log_end_offset:
                 cached = [], 0
-            elif tablet.log_start_offset <= p.fetch_offset < end and bucket.table.config(
-                    "compression.type") == "producer" and pk_tables.kafka_view(bucket.table) is None:
+            elif tablet.log_start_offset <= p.fetch_offset < end:
                 # A tailing consumer: the producers' own batches, with no thread hop.
-                cached = ctx.broker.wire_cache.tail(bucket.table.name, bucket.index, p.fetch_offset, end, limit)
+                cached = bucket.table.kind.cached_tail(ctx.broker, bucket, p.fetch_offset, end, limit)
                 if cached is not None and total > 0 and cached[1] > limit:
                     cached = [], 0  # only the response's first partition with data may exceed the limit
             if cached is not None:

@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass
 
 from fluvial.broker import kafka_batches
-from fluvial.kv import pk_tables
 from fluvial.broker.authorization import allowed
 from fluvial.broker.handlers import Deferred, RequestContext, handles
 from fluvial.broker.log.batch_meta import ATTR_TRANSACTIONAL
@@ -20,7 +19,7 @@ from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.fetch_response import EncodedResponse
 from fluvial.protocol.messages import ApiKey, response_class
 from fluvial.protocol.produce_response import ProducedPartition, encode_produce_response
-from fluvial.protocol.records import parse_batch_header, set_base_offset, split_batches, verify_crc
+from fluvial.protocol.records import parse_batch_header, split_batches, verify_crc
 from fluvial.security.acls import AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
@@ -64,7 +63,7 @@ def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
     part = _Part(topic, index, None)
     try:
         table = ctx.broker.tables.get(topic)
-        pk_tables.check_producible(table)
+        table.kind.check_producible(table)
         part.bucket = table.bucket(index)
         if records is None:
             raise InvalidRecordError("produce request without records")
@@ -91,21 +90,16 @@ def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
 
 def _convert(part: _Part, log_append_time: int | None) -> None:
     try:
-        if pk_tables.is_primary_key(part.bucket.table):
-            part.converted = pk_tables.to_write(part.bucket, memoryview(part.wire), part.header,
-                                                log_append_time_ms=log_append_time)
-            return
-        part.converted = kafka_batches.to_arrow(memoryview(part.wire), part.header,
-                                                log_append_time_ms=log_append_time,
-                                                value_format=part.bucket.table.value_format,
-                                                tombstones=part.bucket.table.compacted)
+        part.converted = part.bucket.table.kind.decode_produced(part.bucket, memoryview(part.wire), part.header,
+                                                                log_append_time_ms=log_append_time)
     except FluvialError as exc:
         part.converted = exc
 
 
-async def _admit_transactional(ctx: RequestContext, transactional_id: str | None, part: _Part, meta, pk: bool) -> None:
+async def _admit_transactional(ctx: RequestContext, transactional_id: str | None, part: _Part, meta) -> bool:
     """A transactional batch goes in only as part of its producer's ongoing transaction,
-    with that partition added to it (Kafka 4.x's partition verification)."""
+    with that partition added to it (Kafka 4.x's partition verification). True when the
+    table's kind holds the batch until the transaction ends (nothing to append now)."""
     coordinator = ctx.broker.extensions["transactions"]
     if ctx.version >= 12:
         # Transactions v2 (KIP-890): the first batch to a partition adds it to the transaction.
@@ -116,11 +110,7 @@ async def _admit_transactional(ctx: RequestContext, transactional_id: str | None
     if code is not None:
         raise FluvialError(f"transactional batch of producer {meta.producer_id} epoch {meta.producer_epoch} "
                            f"is not part of an ongoing transaction with {part.topic}-{part.index}", code=code)
-    if pk:
-        return  # held until the transaction ends (broker/txn_pk.py)
-    index = ctx.broker.extensions["txn_index"]
-    if not index.ready(part.bucket):
-        await asyncio.get_running_loop().run_in_executor(ctx.broker.io_executor, index.prepare, part.bucket)
+    return await part.bucket.table.kind.hold_transactional(ctx.broker, part.bucket, meta, bytes(part.wire))
 
 
 @handles(ApiKey.PRODUCE, 0, 12)
@@ -156,7 +146,7 @@ async def produce(ctx: RequestContext, request):
                 parts.append(_prepare(ctx, t.name, p.index, p.records))
 
     todo = [p for p in parts if p.response is None]
-    # Typed and primary-key tables decode values into columns: always off the loop.
+    # Typed tables (primary-key tables among them) decode values into columns: always off the loop.
     big: list[_Part] = []
     small: list[_Part] = []
     for p in todo:
@@ -186,12 +176,9 @@ async def produce(ctx: RequestContext, request):
             transactional = p.header.attributes & ATTR_TRANSACTIONAL  # as produced (a PK write's meta drops it)
             if transactional:
                 # Before the idempotence check: no await may come between it and the append.
-                pk = pk_tables.is_primary_key(bucket.table)
-                await _admit_transactional(ctx, request.transactional_id, p, meta, pk)
-                if pk:
-                    # A primary-key table's writes reach its KV state only when the transaction
-                    # commits: held (durably) until then.
-                    await broker.extensions["txn_pk"].hold(bucket, meta, bytes(p.wire))
+                if await _admit_transactional(ctx, request.transactional_id, p, meta):
+                    # Held (durably) until the transaction ends, e.g. a primary-key table's
+                    # writes, which reach its KV state only when the transaction commits.
                     p.response = ProducedPartition(p.index, 0, -1, -1, bucket.log_start_offset)
                     continue
             if producer_state is not None and meta.producer_id >= 0:
@@ -204,33 +191,24 @@ async def produce(ctx: RequestContext, request):
                         # The original may still be waiting for its fsync.
                         durable_waits.append((p, bucket.group_commit.wait_durable(duplicate.last_offset + 1)))
                     continue
-            pk = pk_tables.is_primary_key(bucket.table)
             idempotent = producer_state is not None and meta.producer_id >= 0
-            if pk:
-                # Recorded right at the append (before RocksDB is updated): a producer-state
-                # snapshot taken meanwhile must not claim a log end its state lacks. The
-                # meta keeps the producer's sequence span beside the changelog's offsets.
-                on_append = (lambda w, b=bucket: producer_state.record(b, w)) if idempotent else None
-                written = await pk_tables.produce(bucket, records, meta, on_append)
-                if idempotent and written.record_count == 0:
-                    # Nothing changed, so the log holds no trace of this batch: its sequences
-                    # are made durable in a snapshot before the answer.
-                    await producer_state.persist_unlogged(bucket, written)
-            else:
-                # acks=all: the answer waits for the fsync, so the batch may be written together
-                # with the others of the same flush window (one message, one write).
-                written = bucket.append(records, meta, coalesce=acks == -1)
-                if idempotent:
-                    producer_state.record(bucket, written)
-                if transactional:
-                    broker.extensions["txn_index"].on_append(bucket, meta.producer_id, written.base_offset)
+            # Recorded right at the append (before a primary-key table's RocksDB is updated):
+            # a producer-state snapshot taken meanwhile must not claim a log end its state
+            # lacks. The meta keeps the producer's sequence span beside the log's offsets.
+            on_append = (lambda w, b=bucket: producer_state.record(b, w)) if idempotent else None
+            # The producer's bytes stand for the stored batch unless the broker set its time.
+            written = await bucket.table.kind.append_produced(broker, bucket, records, meta,
+                                                              wire=None if p.topic in lat else p.wire,
+                                                              acks=acks, on_append=on_append)
+            if idempotent and written.record_count == 0:
+                # Nothing changed (a primary-key no-op), so the log holds no trace of this
+                # batch: its sequences are made durable in a snapshot before the answer.
+                await producer_state.persist_unlogged(bucket, written)
+            if transactional:
+                broker.extensions["txn_index"].on_append(bucket, meta.producer_id, written.base_offset)
         except FluvialError as exc:
             p.response = _error(p.index, exc)
             continue
-        if p.topic not in lat and not pk:
-            set_base_offset(p.wire, written.base_offset, bucket.leader_epoch)
-            # The batch is not changed after this: cached as is, without a copy.
-            broker.wire_cache.put(p.topic, p.index, written.base_offset, p.wire)
         p.response = ProducedPartition(p.index, 0, written.base_offset, lat.get(p.topic, -1),
                                        bucket.log_start_offset)
         if acks == -1 and broker.config.flush_policy == "ack":

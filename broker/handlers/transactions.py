@@ -19,7 +19,7 @@ from fluvial.broker.broker import on_start, on_stop
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.broker.transactions import STATES, TransactionCoordinator, TxnError
 from fluvial.broker.txn_index import TransactionIndex
-from fluvial.broker.txn_pk import PendingPkWrites
+from fluvial.kv.txn_pk import PendingPkWrites
 from fluvial.errors import FluvialError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey, response_class
