@@ -159,6 +159,18 @@ class RowCodec:
         return evolve_array(arr, self._row_field) if number != self.number else arr
 
 
+# Up to this many keys, keys of plain column types encode one by one (see `_few_keys`).
+FEW_KEYS = 8
+_PLAIN_KEY_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.string(), pa.binary())
+
+
+def _varint(v: int, out: bytearray) -> None:
+    while v > 0x7F:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
 class KeyLayout:
     """The primary key (bucket-key columns first) of a table and its storage key encoding."""
 
@@ -171,6 +183,8 @@ class KeyLayout:
         self.key_schema = pa.schema([schema.field(c).with_nullable(False) for c in self.storage_order])
         self.prefix_schema = pa.schema([schema.field(c).with_nullable(False) for c in bucket_key])
         self._nodes = {id(self.key_schema): avro_node(self.key_schema), id(self.prefix_schema): avro_node(self.prefix_schema)}
+        # Key columns whose Avro form is a zigzag varint or a length-prefixed byte string.
+        self._plain_key = all(f.type in _PLAIN_KEY_TYPES for f in self.key_schema)
 
     def check_keys(self, data: pa.RecordBatch | pa.Table, what: str = "row", columns: list[str] | None = None) -> None:
         """Refuse batches without every key column, or with a null in one (InvalidRecordError)."""
@@ -203,7 +217,36 @@ class KeyLayout:
 
     def storage_keys(self, data: pa.RecordBatch | pa.Table) -> pa.Array:
         """RocksDB keys of the rows (or key rows) of `data`."""
+        if data.num_rows <= FEW_KEYS and self._plain_key:
+            few = self._few_keys(data)
+            if few is not None:
+                return few
         return self._encode(data, self.key_schema)
+
+    def _few_keys(self, data) -> pa.Array | None:
+        """Point-lookup keys of integer, string and binary columns already of the key's
+        types, encoded key by key: the same bytes as the array encoder, whose fixed cost
+        per call (~40 us) is most of a point lookup's key work. None: the array path decides."""
+        columns = []
+        for f in self.key_schema:
+            col = data.column(f.name)
+            if col.type != f.type:
+                return None
+            columns.append(col.to_pylist())
+        keys = []
+        for values in zip(*columns):
+            out = bytearray(DATA_PREFIX)
+            for v in values:
+                if v is None:
+                    return None
+                if isinstance(v, int):
+                    _varint((v << 1) ^ (v >> 63), out)
+                else:
+                    raw = v.encode() if isinstance(v, str) else v
+                    _varint(len(raw) << 1, out)
+                    out += raw
+            keys.append(bytes(out))
+        return pa.array(keys, pa.binary())
 
     def prefix_keys(self, data: pa.RecordBatch | pa.Table) -> pa.Array:
         """RocksDB key prefixes of bucket-key rows."""
