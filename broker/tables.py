@@ -73,7 +73,7 @@ FLUSH_SPACING_S = 0.004
 FLUSH_BURST = 2
 # Batches of at most this many records are coalesced (Bucket.append): larger ones are stored
 # as they come, one message each, as copying them together would cost more than it saves.
-COALESCE_MAX_BATCH_ROWS = 64
+COALESCE_MAX_BATCH_ROWS = 8
 
 
 class GroupCommit:
@@ -247,6 +247,8 @@ class Bucket:
         """Append a batch. ``coalesce`` (a small batch whose answer waits for its fsync, under
         flush policy ``ack``): written together with the others of the same flush window,
         as one message, just before that flush."""
+        if self.table.compacted and hasattr(records, "convert_together"):
+            records = records.convert_together([records])
         if self.table.compacted and records.column("_key").null_count:
             keyless = np.flatnonzero(records.column("_key").is_null().to_numpy(zero_copy_only=False))
             message = (f"Compacted topic cannot accept message without key in topic partition "

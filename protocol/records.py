@@ -233,6 +233,22 @@ def decode_records(batch: Buffer, header: BatchHeader, implementation: Implement
     return decode_records_section(records, header.records_count, implementation)
 
 
+def records_section(batch: Buffer, header: BatchHeader) -> Buffer:
+    """The (decompressed) records section of a batch."""
+    records = memoryview(batch)[HEADER_SIZE:header.size]
+    codec = header.compression
+    if codec is not Compression.NONE:
+        records = decompress_buffer(codec, records)
+    return records
+
+
+def check_records_section(records: Buffer, count: int) -> tuple[bytes, bytes]:
+    """Decode ``count`` records to check them, without building columns: the timestamp
+    deltas (int64) and offset deltas (int32) as bytes. Raises as decode_records_section does."""
+    parts = _pick(None, "decode_records", _decode_records_py)(records, count)
+    return parts[0], parts[1]
+
+
 def decode_records_section(records: Buffer, count: int, implementation: Implementation | None = None) -> RecordColumns:
     """Decode an uncompressed records section holding ``count`` records."""
     decoder = _pick(implementation, "decode_records", _decode_records_py)

@@ -14,6 +14,8 @@ from fluvial.broker import kafka_batches
 from fluvial.broker.authorization import allowed
 from fluvial.broker.handlers import Deferred, RequestContext, handles
 from fluvial.broker.log.batch_meta import ATTR_TRANSACTIONAL
+from fluvial.broker.log_table import LOG_TABLE
+from fluvial.broker.tables import COALESCE_MAX_BATCH_ROWS
 from fluvial.errors import FluvialError, InvalidRecordError, MessageTooLargeError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.fetch_response import EncodedResponse
@@ -88,10 +90,19 @@ def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
     return part
 
 
-def _convert(part: _Part, log_append_time: int | None) -> None:
+def _convert(part: _Part, log_append_time: int | None, coalesced: bool = False) -> None:
+    """``coalesced``: the batch will be a coalesced append (acks=all under flush policy
+    ``ack``); a small raw-table batch is then only checked here, and converted to Arrow by
+    the log tablet together with the others of its flush window."""
     try:
-        part.converted = part.bucket.table.kind.decode_produced(part.bucket, memoryview(part.wire), part.header,
-                                                                log_append_time_ms=log_append_time)
+        table = part.bucket.table
+        if (coalesced and log_append_time is None and table.kind is LOG_TABLE
+                and table.value_format is kafka_batches.RAW and not table.compacted
+                and part.header.records_count <= COALESCE_MAX_BATCH_ROWS):
+            part.converted = kafka_batches.to_wire_records(memoryview(part.wire), part.header)
+            return
+        part.converted = table.kind.decode_produced(part.bucket, memoryview(part.wire), part.header,
+                                                    log_append_time_ms=log_append_time)
     except FluvialError as exc:
         part.converted = exc
 
@@ -156,8 +167,9 @@ async def produce(ctx: RequestContext, request):
            if p.bucket.table.config("message.timestamp.type") == "LogAppendTime"}
     loop = asyncio.get_running_loop()
     pending = [loop.run_in_executor(broker.cpu_executor, _convert, p, lat.get(p.topic)) for p in big]
+    coalesced = acks == -1 and broker.config.flush_policy == "ack"
     for p in small:
-        _convert(p, lat.get(p.topic))
+        _convert(p, lat.get(p.topic), coalesced)
     if pending:
         await asyncio.gather(*pending)
 

@@ -23,7 +23,7 @@ from fluvial.broker.log.leader_epoch import LeaderEpochCache
 from fluvial.broker.log.segment import DATA_SUFFIX, OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment
 from fluvial.broker.log.segment_format import BatchHeader, SegmentFormatError, encode_batch, split_parts
 from fluvial.broker.log.statistics import ColumnStats, compute_stats, decode_stats, stats_columns
-from fluvial.errors import InvalidRecordError, InvalidRequestError, OffsetOutOfRangeError, StorageError
+from fluvial.errors import FluvialError, InvalidRecordError, InvalidRequestError, OffsetOutOfRangeError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -330,6 +330,9 @@ class LogTablet:
         count = records.num_rows
         if count == 0:
             raise InvalidRecordError("an appended batch must hold at least one record")
+        if hasattr(records, "convert_together") and not (
+                coalesce and self.config.message_timestamp_type is not TimestampType.LOG_APPEND_TIME):
+            records = records.convert_together([records])
         stored_schema, stat_columns, opaque = self._stored_schema(records.schema)
         with self._write_lock:
             self._check_open()
@@ -349,7 +352,7 @@ class LogTablet:
                 if self._pending_rows >= COALESCE_MAX_ROWS:
                     self._write_pending_locked()
                 return filled
-            self._write_locked([(records, filled)], stored_schema, stat_columns, opaque)
+            self._write_locked([records], [filled], stored_schema, stat_columns, opaque)
             return filled
 
     def write_pending(self) -> None:
@@ -370,19 +373,25 @@ class LogTablet:
         self._pending = []
         self._pending_rows = 0
         stored_schema, stat_columns, opaque = self._stored_schema(pending[0][0].schema)
-        self._write_locked(pending, stored_schema, stat_columns, opaque)
+        try:
+            batches = _convert_runs([r for r, _ in pending])
+        except (FluvialError, pa.ArrowException, ValueError) as exc:
+            # Checked when appended, so this is a bug or memory corruption: the offsets were
+            # answered already, so nothing may take them instead.
+            raise self._fail("converting batches", OSError(str(exc))) from exc
+        self._write_locked(batches, [f for _, f in pending], stored_schema, stat_columns, opaque)
 
-    def _write_locked(self, items: list[tuple[pa.RecordBatch, BatchMeta]], stored_schema: pa.Schema,
+    def _write_locked(self, batches: list[pa.RecordBatch], metas: list[BatchMeta], stored_schema: pa.Schema,
                       stat_columns: tuple[int, ...], opaque: bool) -> None:
-        """Write stamped batches at the log end as one message: a coalesced one (one Arrow
-        batch, one IPC message, one write and one index entry, with the BatchMeta of each
-        Kafka batch in it) when there are several."""
-        if len(items) == 1:
-            (records, filled), = items
+        """Write the rows of stamped batches (``metas``) at the log end as one message: a
+        coalesced one (one Arrow batch, one IPC message, one write and one index entry, with
+        the BatchMeta of each Kafka batch in it) when there are several."""
+        records = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        if len(metas) == 1:
+            filled = metas[0]
             parts: tuple[BatchMeta, ...] = ()
         else:
-            records = pa.concat_batches([r for r, _ in items])
-            parts = tuple(f for _, f in items)
+            parts = tuple(metas)
             filled = envelope(parts)
         count = records.num_rows
         base = filled.base_offset
@@ -438,7 +447,11 @@ class LogTablet:
         """Fill the batch metadata from the rows; with LogAppendTime also rewrite the timestamps."""
         count = records.num_rows
         attributes = meta.attributes
-        if self.config.message_timestamp_type is TimestampType.LOG_APPEND_TIME:
+        if hasattr(records, "convert_together"):
+            # Rows converted later (coalesced appends): their timestamps were read when checked.
+            base_timestamp = meta.base_timestamp if meta.base_timestamp >= 0 else records.first_timestamp
+            max_timestamp = records.max_timestamp
+        elif self.config.message_timestamp_type is TimestampType.LOG_APPEND_TIME:
             now = _now_ms() if now_ms is None else now_ms
             column = pa.array(np.full(count, now, dtype=np.int64)).cast(records.schema.field(TIMESTAMP_COLUMN).type)
             records = records.set_column(records.schema.get_field_index(TIMESTAMP_COLUMN),
@@ -914,6 +927,26 @@ class LogTablet:
 
     def __repr__(self) -> str:
         return f"LogTablet({self.directory}, [{self.log_start_offset}, {self.log_end_offset}))"
+
+
+def _convert_runs(records: list) -> list[pa.RecordBatch]:
+    """Arrow batches of pending appends: rows not converted yet (those with a
+    ``convert_together``, e.g. Kafka records checked on append) converted run by run, one
+    conversion for each run of the same kind."""
+    out: list[pa.RecordBatch] = []
+    run: list = []
+    for r in records:
+        convert = getattr(r, "convert_together", None)
+        if run and (convert is None or convert != run[0].convert_together):
+            out.append(run[0].convert_together(run))
+            run = []
+        if convert is None:
+            out.append(r)
+        else:
+            run.append(r)
+    if run:
+        out.append(run[0].convert_together(run))
+    return out
 
 
 def _project(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:

@@ -19,6 +19,7 @@ from fluvial.broker.log import BatchMeta, FlushPolicy, LogConfig, LogTablet
 from fluvial.broker.log.batch_meta import ATTR_TRANSACTIONAL
 from fluvial.broker.log.cleaner import CompactionConfig, clean
 from fluvial.broker.log.segment_format import PARTS_KEY
+from fluvial.errors import FluvialError
 from fluvial.broker.producer_state import ProducerStateManager
 from fluvial.tiering.remote_segment import local_segment_batches
 
@@ -202,3 +203,78 @@ def test_pending_appends_are_written_by_close_and_flush(tmp_path):
     tablet.close()
     reopened = LogTablet.open(tmp_path, LogConfig(flush_policy=FlushPolicy.ACK))
     assert [s.meta.base_offset for s in reopened.read(0, 1 << 20)] == [0, 1, 2, 4]
+
+
+# -- Kafka batches converted together --------------------------------------------------------
+
+wire_record = st.tuples(
+    st.one_of(st.none(), st.binary(max_size=20)),
+    st.one_of(st.none(), st.binary(max_size=60)),
+    st.lists(st.tuples(st.text(max_size=5), st.one_of(st.none(), st.binary(max_size=6))), max_size=2),
+    st.integers(0, 5_000),
+)
+
+
+def kafka_batch(rows, codec: int, base_ms: int) -> memoryview:
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=False, producer_id=-1,
+                                  producer_epoch=-1, base_sequence=-1, batch_size=1 << 24)
+    for i, (k, v, h, dt) in enumerate(rows):
+        b.append(i, timestamp=base_ms + dt, key=k, value=v, headers=h)
+    return memoryview(bytes(b.build()))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.lists(wire_record, min_size=1, max_size=5), st.sampled_from([0, 1, 2, 4]),
+                          st.integers(0, 10**6)), min_size=1, max_size=8))
+def test_kafka_batches_converted_together_equal_each_converted_alone(batches):
+    from fluvial.protocol.records import parse_batch_header
+    alone, lazy = [], []
+    for rows, codec, base_ms in batches:
+        wire = kafka_batch(rows, codec, 1_700_000_000_000 + base_ms)
+        header = parse_batch_header(wire)
+        records, meta = kafka_batches.to_arrow(wire, header)
+        checked, checked_meta = kafka_batches.to_wire_records(wire, header)
+        assert checked_meta == meta and checked.num_rows == records.num_rows
+        stamps = records.column("_timestamp").cast(pa.int64()).to_pylist()
+        assert (checked.first_timestamp, checked.max_timestamp) == (stamps[0], max(stamps))
+        alone.append(records)
+        lazy.append(checked)
+    together = kafka_batches.WireRecords.convert_together(lazy)
+    assert together.equals(pa.concat_batches(alone))
+
+
+def test_a_bad_kafka_batch_is_refused_when_checked_not_when_written():
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    from fluvial.errors import InvalidRecordError
+    from fluvial.protocol.records import parse_batch_header
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                  producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    b.append(0, timestamp=1, key=None, value=b"a", headers=[])
+    b.append(5, timestamp=1, key=None, value=b"b", headers=[])
+    wire = memoryview(bytes(b.build()))
+    import pytest
+    with pytest.raises(InvalidRecordError):
+        kafka_batches.to_wire_records(wire, parse_batch_header(wire))
+    truncated = bytearray(kafka_batch([(b"k", b"v" * 30, [], 0)], 0, 1000))
+    header = parse_batch_header(memoryview(truncated))
+    with pytest.raises(FluvialError):
+        kafka_batches.to_wire_records(memoryview(truncated)[:-10], header)
+
+
+def test_checked_kafka_batches_and_arrow_batches_coalesce_into_one_message(tmp_path):
+    from fluvial.protocol.records import parse_batch_header
+    legacy, coalesced = open_log(tmp_path / "legacy"), open_log(tmp_path / "coalesced")
+    for i in range(30):
+        wire = kafka_batch([(b"k%d" % i, b"v" * i, [("h", b"x")] if i % 3 else [], i)], i % 2, 5000 + i)
+        header = parse_batch_header(wire)
+        meta = kafka_batches.to_arrow(wire, header)[1]
+        legacy.append(kafka_batches.to_arrow(wire, header)[0], meta)
+        source = kafka_batches.to_wire_records(wire, header)[0] if i % 4 else kafka_batches.to_arrow(wire, header)[0]
+        coalesced.append(source, meta, coalesce=True)
+        if i % 10 == 9:
+            coalesced.write_pending()
+    assert_same_reads(legacy, coalesced)
+    assert len(list(coalesced._view.segments[0].headers_from(len(coalesced._view.segments[0].schema_message),
+                                                              coalesced._view.segments[0].state))) <= 3
