@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator
@@ -212,7 +213,9 @@ class KvTablet:
         prev = np.full(n, -1, np.int64)
         prev[order[~first_in_group]] = order[np.flatnonzero(~first_in_group) - 1]
 
-        old_rows, exists, old_bytes = self._stored_rows(unique_arrow)
+        # One sort of the batch's keys serves the multi-get and the write batch.
+        key_order = pc.array_sort_indices(unique_arrow) if g_count > 1 else None
+        old_rows, exists, old_bytes = self._stored_rows(unique_arrow, key_order)
         if partial_columns is not None:
             # Non-target columns cannot change within the batch (no deletes ride with a
             # partial update): they come from the stored row, or are null for a new key.
@@ -277,16 +280,15 @@ class KvTablet:
         changed = np.flatnonzero(act != Action.NONE)
         last = np.full(g_count, -1, np.int64)
         np.maximum.at(last, group[changed], changed)
-        touched = np.flatnonzero(last >= 0)
+        # The write batch goes in key order too (memtable inserts then follow each other).
+        ordered = np.arange(g_count) if key_order is None else key_order.to_numpy()
+        touched = ordered[last[ordered] >= 0]
         final = last[touched]
         final_bytes = new_bytes.take(pa.array(final))
         deleted = act[final] == Action.DELETE
         if deleted.any():
             final_bytes = pc.if_else(pa.array(deleted), pa.scalar(None, pa.binary()), final_bytes)
-        # The write batch goes in key order too (memtable inserts then follow each other).
-        touched_keys = unique_arrow.take(pa.array(touched))
-        in_order = pc.array_sort_indices(touched_keys)
-        return KvWrite(changelog, touched_keys.take(in_order).to_pylist(), final_bytes.take(in_order).to_pylist())
+        return KvWrite(changelog, unique_arrow.take(pa.array(touched)).to_pylist(), final_bytes.to_pylist())
 
     def _prepare_stateful(self, rows: pa.RecordBatch, deletes: np.ndarray, retract: np.ndarray,
                           timestamps: np.ndarray | None) -> KvWrite:
@@ -342,25 +344,28 @@ class KvTablet:
         changelog = self._changelog_batch(pool.take(pa.array(take)), res.change, res.src)
         return KvWrite(changelog, res.keys, res.values, res.stats)
 
-    def multi_get(self, keys: pa.Array) -> pa.BinaryArray:
+    def multi_get(self, keys: pa.Array, order: pa.Array | None = None) -> pa.BinaryArray:
         """The stored values of `keys` (binary storage keys), null where a key has none: one
         RocksDB multi-get with the keys in key order (each SST block and memtable stretch is
-        then visited once, in order), answered in the order asked."""
+        then visited once, in order), answered in the order asked. `order`: the keys'
+        sort indices when the caller has them."""
         n = len(keys)
         if n <= 1:
             return pa.array(self.db.get(keys.to_pylist()), pa.binary())
-        order = pc.array_sort_indices(keys)
+        if order is None:
+            order = pc.array_sort_indices(keys)
         values = pa.array(self.db.get(keys.take(order).to_pylist()), pa.binary())
         back = np.empty(n, np.int64)
         back[order.to_numpy()] = np.arange(n)
         return values.take(pa.array(back))
 
-    def _stored_rows(self, keys: list[bytes] | pa.Array) -> tuple[pa.StructArray, np.ndarray, pa.BinaryArray]:
+    def _stored_rows(self, keys: list[bytes] | pa.Array,
+                     order: pa.Array | None = None) -> tuple[pa.StructArray, np.ndarray, pa.BinaryArray]:
         """The stored row of each key (null where none), which keys have one, and the stored
         bytes (null where none): one multi-get."""
         if isinstance(keys, list):
             keys = pa.array(keys, pa.binary())
-        old_bytes = self.multi_get(keys)
+        old_bytes = self.multi_get(keys, order)
         exists = old_bytes.is_valid().to_numpy(zero_copy_only=False)
         present = np.flatnonzero(exists)
         if not present.size:
@@ -523,11 +528,15 @@ class KvTablet:
     def apply(self, write: KvWrite, next_offset: int) -> None:
         """Write the prepared rows; RocksDB is then in line with the log up to `next_offset`."""
         wb = WriteBatch(raw_mode=True)
-        for key, value in zip(write.keys, write.values):
-            if value is None:
-                wb.delete(key)
-            else:
-                wb.put(key, value)
+        if None not in write.values:
+            # Only puts (the common upsert batch): iterated in C, not by a Python loop.
+            deque(map(wb.put, write.keys, write.values), maxlen=0)
+        else:
+            for key, value in zip(write.keys, write.values):
+                if value is None:
+                    wb.delete(key)
+                else:
+                    wb.put(key, value)
         stats = None
         if write.stats is not None:
             stats = RetractStats.from_json(self.retract_stats.to_json())
