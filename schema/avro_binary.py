@@ -224,7 +224,38 @@ def decode_avro(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.ndarr
     arr = _decode(node, cur, "")
     left = cur.end - cur.pos
     cur.fail(left > 0, "value has bytes left over after the record: it does not match its writer schema")
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid:
+        _fail_invalid_values(cur, arr, 0, len(arr))
     return arr
+
+
+def _fail_invalid_values(cur: _Cursor, arr: pa.Array, start: int, stop: int) -> None:
+    """Refuse the records holding a value its column type cannot hold (a decimal with more
+    digits than its precision, a time of day outside the day): error path only, the bad
+    records found by halving the range that fails Arrow's validation."""
+    # A copy, not a slice: Arrow validates a slice's children whole.
+    part = arr.take(pa.array(np.arange(start, stop)))
+    try:
+        part.validate(full=True)
+        return
+    except pa.ArrowInvalid as exc:
+        if stop - start > 1:
+            middle = (start + stop) // 2
+            _fail_invalid_values(cur, arr, start, middle)
+            _fail_invalid_values(cur, arr, middle, stop)
+            return
+        why = str(exc)
+    name = ""
+    if isinstance(part, pa.StructArray):
+        for i, child in enumerate(part.flatten()):
+            try:
+                child.validate(full=True)
+            except pa.ArrowInvalid as exc:
+                name, why = part.type.field(i).name, str(exc)
+                break
+    cur.fail(_mask(len(cur), np.array([start])), f"field {name!r}: value does not fit its column: {why}")
 
 
 # ---------------------------------------------------------------- whole-batch decoding in C
@@ -239,6 +270,7 @@ class _Op:
 # Flags of a program entry (its `b`), as schema/_avro.c reads them.
 _BLOB_LARGE = 2
 _INT_UNSIGNED = 0x100  # the low byte: the column's width in bytes when narrower than Avro's
+_MAX_FIXED = 1 << 20  # the largest fixed size a program may hold (as schema/_avro.c checks)
 
 
 class _NoProgram(Exception):
@@ -315,6 +347,8 @@ def _program(node: AvroNode) -> _Program | None:
             op = _Op.NULL if k == "null" else _Op.BOOLEAN
         elif k in ("float", "double", "fixed"):
             op, a = _Op.FIXED, {"float": 4, "double": 8}.get(k, n.size)
+            if not 0 <= a <= _MAX_FIXED:
+                raise _NoProgram
         elif k == "record":
             if not n.fields:
                 raise _NoProgram

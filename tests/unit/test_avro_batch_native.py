@@ -289,3 +289,23 @@ def test_arbitrary_bytes_never_crash_and_agree_with_the_reference(body):
     assert (native is None) == bool(problems)
     if native is not None:
         assert native.equals(reference)
+
+
+def test_fixed_wider_than_a_program_takes_is_left_to_the_reference():
+    schema = parse_avro({"type": "record", "name": "R", "fields": [
+        {"name": "f", "type": {"type": "fixed", "name": "Huge", "size": (1 << 20) + 1}}]})
+    assert avro_binary._program(schema.root) is None
+
+
+def test_values_their_column_cannot_hold_are_refused_naming_the_field():
+    schema = parse_avro({"type": "record", "name": "R", "fields": [
+        {"name": "d", "type": {"type": "bytes", "logicalType": "decimal", "precision": 2, "scale": 0}},
+        {"name": "t", "type": {"type": "int", "logicalType": "time-millis"}}]})
+    ok = b"\x02\x63\x02"  # 99, 1 ms
+    too_many_digits = b"\x02\x64\x02"  # 100 in a decimal of 2 digits
+    before_midnight = b"\x02\x01\x01"  # -1 ms
+    native, reference, problems = both(schema.root, [ok])
+    assert problems == [] and native is not None and native.equals(reference)
+    native, _, problems = both(schema.root, [ok, too_many_digits, before_midnight])
+    assert native is None
+    assert [(i, m.split(":")[0]) for i, m in problems] == [(1, "field 'd'"), (2, "field 't'")]
