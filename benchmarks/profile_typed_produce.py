@@ -48,6 +48,25 @@ def busy_shares(raw: str) -> tuple[int, dict[str, float]]:
     return total, {name: n / total for name, n in inclusive.items()} if total else {}
 
 
+# The steps of the typed produce path quoted in docs/architecture.md, by the function whose
+# inclusive share stands for each (a step absent from the samples took 0%).
+KEY_STEPS = {
+    "request_read": "KafkaServer._read_requests (broker/server.py)",
+    "produce_handler": "produce (broker/handlers/produce.py)",
+    "to_arrow": "to_arrow (broker/kafka_batches.py)",
+    "avro_decode": "AvroValueCodec.decode (schema/codecs.py)",
+    "log_append": "LogTablet.append (broker/log/tablet.py)",
+    "statistics": "compute_stats (broker/log/statistics.py)",
+    "ipc_encode_and_compress": "encode_batch (broker/log/segment_format.py)",
+    "executor_handoff": "BaseEventLoop.run_in_executor (asyncio/base_events.py)",
+}
+
+
+def key_steps(top_inclusive_pct: dict[str, float]) -> dict[str, float]:
+    """Inclusive % of the GIL-holding samples for each step of KEY_STEPS."""
+    return {step: top_inclusive_pct.get(name, 0.0) for step, name in KEY_STEPS.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=200, choices=(200, 1000))
@@ -89,6 +108,7 @@ def main() -> None:
                      "sample_s": args.sample_s, "mean_value_bytes": round(data.mean_size, 1)},
         "produce": figures, "busy_samples": total,
         "top_inclusive_pct": {name: round(100 * share, 1) for name, share in top},
+        "steps_pct": key_steps({name: round(100 * share, 1) for name, share in shares.items()}),
         "loadavg_before": load_before, "loadavg": os.getloadavg(),
     }
     out.write_text(json.dumps(result, indent=1))

@@ -210,7 +210,8 @@ def _mask(n: int, rows: np.ndarray) -> np.ndarray:
 
 def decode_avro(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.ndarray,
                 rows: np.ndarray, errors: DecodeErrors) -> pa.Array:
-    """Decode one Avro value per record at [pos, end) of `data` (padded by 16 bytes).
+    """Decode one Avro value per record at [pos, end) of `data` (uint8; the reference
+    decoder's copy is padded here for its whole-varint reads).
 
     Records with problems get a message in `errors` (and a placeholder value); records
     whose value does not fill exactly [pos, end) are refused as well.
@@ -220,7 +221,7 @@ def decode_avro(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.ndarr
         arr = _decode_native(node, data, pos, end)
         if arr is not None:
             return arr
-    cur = _Cursor(data, pos, end, rows, errors)
+    cur = _Cursor(pad(data), pos, end, rows, errors)
     arr = _decode(node, cur, "")
     left = cur.end - cur.pos
     cur.fail(left > 0, "value has bytes left over after the record: it does not match its writer schema")

@@ -65,7 +65,9 @@ class _Values:
     valid: np.ndarray
 
     @classmethod
-    def of(cls, values: pa.Array) -> "_Values":
+    def of(cls, values: pa.Array, padded: bool = True) -> "_Values":
+        """`padded=False`: the data buffer as Arrow holds it (no copy), for readers bounded
+        by each value's end (the Avro decoder pads for its reference path itself)."""
         if isinstance(values, pa.ChunkedArray):
             values = values.combine_chunks()
         if pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type):
@@ -75,14 +77,20 @@ class _Values:
         n = len(values)
         _, obuf, dbuf = values.buffers()
         offsets = np.frombuffer(obuf, np.int32, n + 1, values.offset * 4).astype(np.int64)
-        data = pad(np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8))
+        data = np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
+        if padded:
+            data = pad(data)
         valid = values.is_valid().to_numpy(zero_copy_only=False) if values.null_count else np.ones(n, bool)
         return cls(n, offsets[:-1], offsets[1:], data, valid)
 
     def header_ids(self, errors: DecodeErrors, required: bool) -> tuple[np.ndarray, np.ndarray]:
         """(schema id per record, mask of records carrying the wire-format header)."""
         length = self.end - self.start
-        first = self.data[self.start]
+        # The first 5 bytes of each value (clipped to the buffer: those of a value shorter
+        # than the header are never used).
+        data = self.data if self.data.size else np.zeros(1, np.uint8)
+        head = data[np.minimum(self.start[:, None] + np.arange(5), data.size - 1)]
+        first = head[:, 0]
         has = self.valid & (length >= HEADER_SIZE) & (first == MAGIC)
         if required:
             short = self.valid & (length < HEADER_SIZE)
@@ -90,7 +98,7 @@ class _Values:
                                               "(magic byte 0 and a 4-byte schema id)")
             errors.add(np.flatnonzero(self.valid & ~short & (first != MAGIC)),
                        "value does not start with magic byte 0 (Confluent wire format)")
-        b = self.data[self.start[:, None] + np.arange(1, 5)].astype(np.int64)
+        b = head[:, 1:].astype(np.int64)
         ids = (b[:, 0] << 24) | (b[:, 1] << 16) | (b[:, 2] << 8) | b[:, 3]
         ids = np.where(has, ids, NO_SCHEMA_ID)
         return ids.astype(np.int64), has
@@ -242,7 +250,7 @@ class AvroValueCodec(_SubjectCodec):
     schema_type = SchemaType.AVRO
 
     def decode(self, values: pa.Array) -> tuple[pa.StructArray, np.ndarray]:
-        v = _Values.of(values)
+        v = _Values.of(values, padded=False)
         errors = DecodeErrors(np.full(v.n, -1, np.int64))
         errors.add(np.flatnonzero(~v.valid), "record has no value (null); the table needs one")
         ids, has = v.header_ids(errors, required=True)

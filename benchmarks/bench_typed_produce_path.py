@@ -1,0 +1,135 @@
+"""CPU time of each step of the typed produce path, in process: a Kafka batch of 20-field
+Avro records (the produce-avro workload's values) -> the stored Arrow batch -> the segment
+bytes, for the compiled and the NumPy Avro decoder and each storage codec.
+
+Steps: `records` (Kafka records -> columns, `decode_records`), `avro` (values -> typed
+columns, `TypedValueFormat.to_columns`), `to_arrow` (the whole conversion, both of those
+included), `encode-<codec>` (statistics, Arrow IPC with buffer compression, checksum: what
+the log tablet writes), with the bytes written per record for each codec, and the IPC
+write alone at faster zstd levels and lz4 (`codec_choices`, bytes against the Kafka
+batch's). CPU time (process_time) per batch, median of --runs. Saves results/typed-produce-path.json.
+
+    python -m benchmarks.bench_typed_produce_path [--batch-records 5000] [--runs 7]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from benchmarks import machine
+from benchmarks.avro_records import SCHEMA20, confluent_wire, make_record
+from benchmarks.workloads.avro_common import PAD_BY_SIZE as PADS  # values of about 200 B and 1 KB
+from fluvial.broker import kafka_batches
+from fluvial.broker.log.batch_meta import BatchMeta
+from fluvial.broker.log.segment_format import encode_batch
+from fluvial.broker.log.statistics import compute_stats
+from fluvial.broker.metadata import MetadataStore
+from fluvial.protocol.records import Compression, RecordColumns, build_batch, decode_records, parse_batch_header
+from fluvial.schema import avro_binary
+from fluvial.schema.codecs import value_codec
+from fluvial.schema.registry import SchemaRegistry, parse_schema
+from fluvial.schema.value_format import TypedValueFormat
+
+RESULTS = Path(__file__).parent / "results" / "typed-produce-path.json"
+
+
+def cpu_ms(fn, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t = time.process_time()
+        fn()
+        times.append(time.process_time() - t)
+    return 1000 * statistics.median(times)
+
+
+def kafka_batch(values: list[bytes]) -> bytes:
+    cols = RecordColumns.from_lists([None] * len(values), values)
+    return build_batch(base_offset=0, partition_leader_epoch=0, attributes=0, base_timestamp=1_700_000_000_000,
+                       max_timestamp=1_700_000_000_000, producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                       columns=cols, compression=Compression.NONE)
+
+
+def run_size(size: int, n: int, runs: int, fmt: TypedValueFormat, sid: int) -> dict:
+    rng = random.Random(size)
+    values = confluent_wire(SCHEMA20, sid, [make_record(rng, i, PADS[size]) for i in range(n)])
+    raw = kafka_batch(values)
+    view, header = memoryview(raw), parse_batch_header(raw)
+    cols = decode_records(view, header)
+    out: dict = {"value_bytes_avg": round(sum(map(len, values)) / n, 1), "records": n}
+    steps: dict = {}
+    steps["records"] = cpu_ms(lambda: decode_records(view, header), runs)
+    for label, native in (("compiled", True), ("numpy", False)):
+        saved, avro_binary.USE_NATIVE = avro_binary.USE_NATIVE, native and avro_binary._native is not None
+        try:
+            steps[f"avro_{label}"] = cpu_ms(lambda: fmt.to_columns(cols.values), runs)
+            steps[f"to_arrow_{label}"] = cpu_ms(lambda: kafka_batches.to_arrow(view, header, value_format=fmt), runs)
+        finally:
+            avro_binary.USE_NATIVE = saved
+    batch, meta = kafka_batches.to_arrow(view, header, value_format=fmt)
+    stored = batch.add_column(0, "_offset", pa.array(range(n), pa.int64()))
+    meta = dataclasses.replace(meta, base_offset=0)
+    bytes_per_record = {}
+    for codec in ("none", "lz4", "zstd"):
+        def write() -> int:
+            stats = compute_stats(stored)
+            return encode_batch(stored, meta, stats, compression=codec).size
+
+        steps[f"encode_{codec}"] = cpu_ms(write, runs)
+        bytes_per_record[codec] = round(write() / n, 1)
+    # Faster zstd levels and lz4 against the default (zstd at Arrow's level 1): the IPC
+    # write alone, the stored batch's bytes against the Kafka batch's.
+    levels = {}
+    for codec, level in (("lz4", None), ("zstd", -5), ("zstd", -1), ("zstd", 1), ("zstd", 3)):
+        options = ipc.IpcWriteOptions(use_threads=False, compression=pa.Codec(codec, compression_level=level)
+                                      if level is not None else codec)
+
+        def ipc_write() -> int:
+            sink = pa.BufferOutputStream()
+            ipc.new_stream(sink, stored.schema, options=options).write_batch(stored)
+            return sink.getvalue().size
+
+        label = codec if level is None else f"zstd_level_{level}"
+        levels[label] = {"cpu_ms": round(cpu_ms(ipc_write, runs), 3),
+                         "ratio_to_kafka_bytes": round(ipc_write() / len(raw), 3)}
+    out["codec_choices"] = levels
+    out["cpu_ms_per_batch"] = {k: round(v, 3) for k, v in steps.items()}
+    out["records_per_cpu_s"] = {k: round(n / (v / 1000)) for k, v in steps.items() if v > 0}
+    out["stored_bytes_per_record"] = bytes_per_record
+    out["kafka_bytes_per_record"] = round(len(raw) / n, 1)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch-records", type=int, default=5000)
+    ap.add_argument("--runs", type=int, default=7)
+    args = ap.parse_args()
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        registry = SchemaRegistry(MetadataStore(os.path.join(tmp, "meta.db")))
+        sid = registry.register("bench-value", parse_schema(json.dumps(SCHEMA20)))[0]
+        fmt = TypedValueFormat(value_codec(registry, "bench"))
+        result = {
+            "workload": "typed-produce-path", "machine": machine.describe(),
+            "what": "CPU ms per Kafka batch of 20-field Avro records, each step of the typed produce path",
+            "about_200_bytes": run_size(200, args.batch_records, args.runs, fmt, sid),
+            "about_1_kb": run_size(1000, max(1, args.batch_records // 5), args.runs, fmt, sid),
+            "loadavg_before": load_before, "loadavg": os.getloadavg(),
+        }
+    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1))
+    print(f"saved {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
