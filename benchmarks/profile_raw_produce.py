@@ -6,7 +6,7 @@ of `--size` bytes produced as fast as the client goes; py-spy samples every thre
 the GIL (`--gil --format raw`: the interpreter's time, the limit of one broker process) for
 `--sample-s` seconds from one second after the first send. Saves the inclusive share of each
 function over the busy samples, the throughput and the load average to
-`results/profile-raw-produce-<size>.json`; the raw py-spy output stays in `benchmarks/.cache/`.
+`results/profile-raw-produce-<size>[-<label>].json`; the raw py-spy output stays in `benchmarks/.cache/`.
 
     python -m benchmarks.profile_raw_produce [--size 100|1000] [--records 400000]
 """
@@ -27,6 +27,23 @@ from benchmarks.brokers import FLUVIAL_DEFAULT, FLUVIAL_FLUSH_NONE, make_workdir
 from benchmarks.profile_typed_produce import busy_shares
 
 
+# The raw produce path's parts, by function name as py-spy reports it (inclusive shares of
+# the samples holding the GIL; a part made of several functions takes the largest).
+PARTS = {
+    "frame_reading": ("StreamReader.readexactly (asyncio/streams.py)", "FrameReader.read_frame (broker/frames.py)"),
+    "socket_data": ("StreamReader.feed_data (asyncio/streams.py)", "FrameReader.buffer_updated (broker/frames.py)"),
+    "produce_handler": ("produce (broker/handlers/produce.py)",),
+    "conversion": ("to_arrow (broker/kafka_batches.py)",),
+    "log_tablet_append": ("LogTablet.append (broker/log/tablet.py)",),
+    "ipc_encoding": ("encode_batch (broker/log/segment_format.py)",),
+    "executor_hand_off": ("BaseEventLoop.run_in_executor (asyncio/base_events.py)",),
+}
+
+
+def parts_pct(top: dict[str, float]) -> dict[str, float]:
+    return {part: max(top.get(name, 0.0) for name in names) for part, names in PARTS.items()}
+
+
 def _minor_faults(pid: int) -> int:
     """Minor page faults of the process so far (/proc/<pid>/stat, field 10): each fresh page a
     buffer touches costs one, in kernel time."""
@@ -40,6 +57,7 @@ def main() -> None:
     p.add_argument("--records", type=int, default=0, help="default: 1,000,000 at 100 B, 300,000 at 1 KB")
     p.add_argument("--sample-s", type=float, default=3)
     p.add_argument("--flush-policy", choices=("ack", "none"), default="ack")
+    p.add_argument("--label", default="", help="saved as profile-raw-produce-<size>-<label>.json")
     p.add_argument("--no-profile", action="store_true", help="measure throughput only")
     p.add_argument("--perf", action="store_true",
                    help="sample with Linux perf instead (kernel and native frames: benchmarks/.cache/*.perf.txt)")
@@ -48,7 +66,8 @@ def main() -> None:
     cache = Path(__file__).parent / ".cache"
     cache.mkdir(exist_ok=True)
     raw_path = cache / f"profile-raw-produce-{args.size}.txt"
-    out = Path(__file__).parent / "results" / f"profile-raw-produce-{args.size}.json"
+    suffix = f"-{args.label}" if args.label else ""
+    out = Path(__file__).parent / "results" / f"profile-raw-produce-{args.size}{suffix}.json"
     load_before = os.getloadavg()
     workdir = make_workdir()
     broker = start_system(FLUVIAL_DEFAULT if args.flush_policy == "ack" else FLUVIAL_FLUSH_NONE, workdir)
@@ -89,8 +108,23 @@ def main() -> None:
     finally:
         broker.stop()
         remove_workdir(workdir)
-    if args.no_profile or args.perf:
+    if args.no_profile:
         print(json.dumps({"produce": figures, "loadavg": os.getloadavg()}))
+        return
+    if args.perf:
+        # Whole-process CPU samples (kernel included) by symbol: "28.52%  [kernel.kallsyms]  [k] name".
+        top = {}
+        for line in (cache / f"profile-raw-produce-{args.size}.perf.txt").read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 4 and fields[0].endswith("%") and fields[2] in ("[k]", "[.]"):
+                top[f"{fields[3]} ({fields[1].strip('[]')})"] = float(fields[0][:-1])
+        result = {"workload": "profile-raw-produce", "sampler": "perf", "machine": machine.describe(),
+                  "settings": {"size": args.size, "records": records, "flush_policy": args.flush_policy,
+                               "sample_s": args.sample_s},
+                  "produce": figures, "top_self_pct": top, "loadavg_before": load_before, "loadavg": os.getloadavg()}
+        out = out.with_name(out.stem + "-perf.json")
+        out.write_text(json.dumps(result, indent=1))
+        print(json.dumps(result, indent=1))
         return
     total, shares = busy_shares(raw_path.read_text())
     top = sorted(shares.items(), key=lambda kv: -kv[1])[:45]
@@ -99,7 +133,10 @@ def main() -> None:
         "settings": {"size": args.size, "records": records, "flush_policy": args.flush_policy,
                      "sample_s": args.sample_s},
         "produce": figures, "busy_samples": total,
+        # Interpreter (GIL) time per MB produced: samples at 100 Hz are 10 ms each.
+        "gil_ms_per_mb": round(total * 10 / (figures["MB/s"] * args.sample_s), 2),
         "top_inclusive_pct": {name: round(100 * share, 1) for name, share in top},
+        "parts_pct": parts_pct({name: round(100 * share, 1) for name, share in shares.items()}),
         "loadavg_before": load_before, "loadavg": os.getloadavg(),
     }
     out.write_text(json.dumps(result, indent=1))

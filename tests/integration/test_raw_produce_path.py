@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
+import time
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -106,4 +108,38 @@ def test_corrupt_large_batch_is_refused_and_the_connection_goes_on(broker, topic
     (p,) = r.responses[0].partition_responses
     assert p.error_code == 0 and p.base_offset == 0
     _same_batch(_fetch(c, topic2, 0, 0), good, 0)
+    c.close()
+
+
+def test_large_batch_appended_off_the_loop_wakes_a_waiting_consumer(fresh_broker, topic_name):
+    """Flush policy none: a batch appended on the executor is visible at once, and a fetch
+    already long-polling for it is answered without waiting out its max wait."""
+    broker = fresh_broker("--flush-policy", "none")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(10)
+    big = _batch(300, 1000, 11)
+    waited: list[float] = []
+    got: list[bytes] = []
+
+    def long_poll() -> None:
+        c = RawClient(broker.bootstrap)
+        started = time.monotonic()
+        r = c.request(ApiKey.FETCH, 11, dict(
+            replica_id=-1, max_wait_ms=8000, min_bytes=1, max_bytes=50 << 20, isolation_level=0, session_id=0,
+            session_epoch=-1, rack_id="", forgotten_topics_data=[], topics=[F.FetchTopic(topic=topic_name, partitions=[
+                F.FetchTopic.FetchPartition(partition=0, current_leader_epoch=-1, fetch_offset=0,
+                                            log_start_offset=-1, partition_max_bytes=50 << 20)])]))
+        waited.append(time.monotonic() - started)
+        got.append(bytes(r.responses[0].partitions[0].records))
+        c.close()
+
+    poller = threading.Thread(target=long_poll)
+    poller.start()
+    time.sleep(0.5)  # the fetch is waiting by now
+    c = RawClient(broker.bootstrap)
+    r = c.request(ApiKey.PRODUCE, 9, _produce(topic_name, {0: big}))
+    assert r.responses[0].partition_responses[0].error_code == 0
+    poller.join(15)
+    assert waited and waited[0] < 4, f"the waiting fetch was answered after {waited}"
+    _same_batch(got[0], big, 0)
     c.close()

@@ -9,6 +9,7 @@ import random
 import struct
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fluvial.broker import frames
 
@@ -95,3 +96,49 @@ def test_connection_closed_mid_frame(size):
     (outcome,) = asyncio.run(run())
     assert isinstance(outcome, asyncio.IncompleteReadError)
     assert outcome.expected == size and len(outcome.partial) == size // 2
+
+
+def _round_trip(payloads: list[bytes], chunks: list[int]) -> list[bytes]:
+    """Send the framed payloads in chunks of the given sizes (cycled); the frames read back."""
+    stream = _framed(payloads)
+
+    async def run():
+        received: list[bytes] = []
+        done = asyncio.Event()
+
+        async def handler(reader: frames.FrameReader, writer):
+            try:
+                while True:
+                    (size,) = struct.unpack(">i", await reader.readexactly(4))
+                    received.append(bytes(await reader.read_frame(size)))
+            except asyncio.IncompleteReadError:
+                pass
+            finally:
+                writer.close()
+                done.set()
+
+        server, port = await _serve(handler)
+        _, w = await asyncio.open_connection("127.0.0.1", port)
+        pos, i = 0, 0
+        while pos < len(stream):
+            n = chunks[i % len(chunks)]
+            w.write(stream[pos:pos + n])
+            await w.drain()
+            pos, i = pos + n, i + 1
+        w.close()
+        await asyncio.wait_for(done.wait(), 20)
+        server.close()
+        await server.wait_closed()
+        return received
+
+    return asyncio.run(run())
+
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.sampled_from([0, 1, 4, 100, frames.DIRECT_FRAME_BYTES - 1, frames.DIRECT_FRAME_BYTES,
+                                       70_000, 300_000]) | st.integers(0, 100_000), min_size=1, max_size=6),
+       chunks=st.lists(st.integers(1, 400_000), min_size=1, max_size=5))
+def test_any_frames_in_any_chunks(sizes, chunks):
+    payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    assert _round_trip(payloads, chunks) == payloads
