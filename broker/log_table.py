@@ -28,6 +28,13 @@ def stored_batches(broker, bucket, offset: int, max_bytes: int) -> list[StoredBa
     return bucket.tablet.read(offset, max_bytes)
 
 
+def _cache_wire(broker, bucket, written: BatchMeta, wire: bytearray | None) -> None:
+    if wire is not None:
+        set_base_offset(wire, written.base_offset, bucket.leader_epoch)
+        # The batch is not changed after this: cached as is, without a copy.
+        broker.wire_cache.put(bucket.table.name, bucket.index, written.base_offset, wire)
+
+
 class LogTable(TableKind):
     """A table whose log is what was produced."""
 
@@ -52,11 +59,20 @@ class LogTable(TableKind):
         written = bucket.append(write, meta, coalesce=acks == -1)
         if on_append is not None:
             on_append(written)
-        if wire is not None:
-            set_base_offset(wire, written.base_offset, bucket.leader_epoch)
-            # The batch is not changed after this: cached as is, without a copy.
-            broker.wire_cache.put(bucket.table.name, bucket.index, written.base_offset, wire)
+        _cache_wire(broker, bucket, written, wire)
         return written
+
+    def append_in_thread(self, bucket, write, meta: BatchMeta) -> BatchMeta | None:
+        # A large batch: its Arrow IPC encoding, checksums and page-cache write (none of
+        # which hold the GIL) run on the executor that decoded it, while the loop receives
+        # the next request. A compacted log's key check stays with Bucket.append.
+        if bucket.table.compacted:
+            return None
+        return bucket.tablet.append(write, meta, leader_epoch=bucket.leader_epoch)
+
+    def appended_in_thread(self, broker, bucket, written: BatchMeta, *, wire: bytearray | None) -> None:
+        bucket.appended_off_loop()
+        _cache_wire(broker, bucket, written, wire)
 
     # -- Kafka reads ----------------------------------------------------------------------
     def read_kafka(self, broker, bucket, offset: int, max_bytes: int, min_one: bool = True) -> tuple[list[bytes], int]:

@@ -68,6 +68,18 @@ class TableKind:
         producer's batch when its bytes stand for what is stored (no LogAppendTime)."""
         raise NotImplementedError
 
+    def append_in_thread(self, bucket, write, meta: "BatchMeta") -> "BatchMeta | None":
+        """Append a decoded batch of a producer without producer id (nothing to check
+        against producer state) from the executor thread that decoded it, or None when the
+        kind appends only through `append_produced` on the loop. Blocking. The handler then
+        calls `appended_in_thread` on the loop."""
+        return None
+
+    def appended_in_thread(self, broker, bucket, written: "BatchMeta", *, wire: bytearray | None) -> None:
+        """On the loop, after `append_in_thread` wrote `written`: what `append_produced`
+        does after its append (readers woken or the flush requested, the wire cache)."""
+        raise NotImplementedError
+
     async def end_transaction(self, broker, bucket, producer_id: int, commit: bool) -> bool:
         """The transaction of `producer_id` ends in `bucket`: True when the kind finished it
         itself (held writes applied or dropped), False when a control marker is written."""

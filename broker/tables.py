@@ -264,6 +264,15 @@ class Bucket:
             self._wake_readers()
         return written
 
+    def appended_off_loop(self) -> None:
+        """Called on the event loop after a batch was appended to the tablet from another
+        thread (a large produce batch, `LogTable.append_in_thread`): what ``append`` does
+        after its tablet append."""
+        if self.tablet.config.flush_policy is FlushPolicy.ACK:
+            self.group_commit.request()
+        else:
+            self._wake_readers()
+
     def _wake_readers(self) -> None:
         # Wake long-polling fetches and follows, then arm a fresh event for the next ones.
         self._data_arrived.set()

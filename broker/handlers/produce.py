@@ -41,6 +41,7 @@ class _Part:
     wire: bytearray | None = None
     header: object = None
     converted: object = None  # (records, meta) | FluvialError
+    written: object = None  # BatchMeta, when appended on the executor that converted it
 
 
 def _error(index: int, exc: FluvialError | ErrorCode, message: str | None = None) -> ProducedPartition:
@@ -107,6 +108,26 @@ def _convert(part: _Part, log_append_time: int | None, coalesced: bool = False) 
         part.converted = exc
 
 
+def _appends_off_loop(part: _Part, log_append_time: int | None) -> bool:
+    """A batch converted on the executor may be appended there too when nothing about it
+    needs the loop between conversion and append: no producer id (idempotent and
+    transactional producers are checked and recorded against the producer state on the
+    loop, with no await between check and append) and no broker timestamps (the wire batch
+    then does not stand for the stored one). The table's kind decides the rest."""
+    return part.header.producer_id < 0 and not part.header.attributes & ATTR_TRANSACTIONAL and log_append_time is None
+
+
+def _convert_and_append(part: _Part, log_append_time: int | None) -> None:
+    _convert(part, log_append_time)
+    if isinstance(part.converted, FluvialError):
+        return
+    records, meta = part.converted
+    try:
+        part.written = part.bucket.table.kind.append_in_thread(part.bucket, records, meta)
+    except FluvialError as exc:
+        part.converted = exc
+
+
 async def _admit_transactional(ctx: RequestContext, transactional_id: str | None, part: _Part, meta) -> bool:
     """A transactional batch goes in only as part of its producer's ongoing transaction,
     with that partition added to it (Kafka 4.x's partition verification). True when the
@@ -166,7 +187,9 @@ async def produce(ctx: RequestContext, request):
     lat = {p.topic: kafka_batches.now_ms() for p in todo
            if p.bucket.table.config("message.timestamp.type") == "LogAppendTime"}
     loop = asyncio.get_running_loop()
-    pending = [loop.run_in_executor(broker.cpu_executor, _convert, p, lat.get(p.topic)) for p in big]
+    pending = [loop.run_in_executor(
+        broker.cpu_executor, _convert_and_append if _appends_off_loop(p, lat.get(p.topic)) else _convert,
+        p, lat.get(p.topic)) for p in big]
     coalesced = acks == -1 and broker.config.flush_policy == "ack"
     for p in small:
         _convert(p, lat.get(p.topic), coalesced)
@@ -175,12 +198,23 @@ async def produce(ctx: RequestContext, request):
 
     producer_state = broker.extensions.get("producer_state")
     durable_waits = []
+
+    def _accepted(p: _Part, written) -> None:
+        bucket = p.bucket
+        p.response = ProducedPartition(p.index, 0, written.base_offset, lat.get(p.topic, -1),
+                                       bucket.log_start_offset)
+        if acks == -1 and broker.config.flush_policy == "ack":
+            durable_waits.append((p, bucket.group_commit.wait_durable(written.base_offset + written.record_count)))
     for p in todo:
         if isinstance(p.converted, FluvialError):
             p.response = _error(p.index, p.converted)
             continue
         records, meta = p.converted
         bucket = p.bucket
+        if p.written is not None:
+            bucket.table.kind.appended_in_thread(broker, bucket, p.written, wire=p.wire)
+            _accepted(p, p.written)
+            continue
         try:
             # An offline bucket answers every batch with KAFKA_STORAGE_ERROR, retries included:
             # the duplicate answer would acknowledge data whose fsync failed.
@@ -221,10 +255,7 @@ async def produce(ctx: RequestContext, request):
         except FluvialError as exc:
             p.response = _error(p.index, exc)
             continue
-        p.response = ProducedPartition(p.index, 0, written.base_offset, lat.get(p.topic, -1),
-                                       bucket.log_start_offset)
-        if acks == -1 and broker.config.flush_policy == "ack":
-            durable_waits.append((p, bucket.group_commit.wait_durable(written.base_offset + written.record_count)))
+        _accepted(p, written)
 
     by_topic: dict[str, list] = {}
     stats = broker.kafka.request_stats
