@@ -7,6 +7,7 @@ values, headers and producer fields, compressed as the topic's `compression.type
 """
 from __future__ import annotations
 
+import struct
 import time
 
 import numpy as np
@@ -135,6 +136,10 @@ def to_arrow(batch: memoryview, header: BatchHeader, *, log_append_time_ms: int 
     return records, meta
 
 
+_ZERO_DELTA = bytes(4)
+_I64 = struct.Struct("=q")
+
+
 class WireRecords:
     """The records of a small produced batch of a raw table, checked but not converted yet.
 
@@ -179,15 +184,21 @@ def to_wire_records(batch: memoryview, header: BatchHeader) -> tuple[WireRecords
     batches as `to_arrow`, with the same errors."""
     n = header.records_count
     records = records_section(batch, header)
-    ts_bytes, od_bytes = check_records_section(records, n)
-    offset_delta = np.frombuffer(od_bytes, np.int32)
-    if n == 0 or len(offset_delta) == 0:
+    if n <= 0:
         raise InvalidRecordError("empty record batch")
-    if header.last_offset_delta != n - 1 or not _deltas_are_dense(offset_delta, n):
-        raise InvalidRecordError("record offset deltas of a produced batch must be 0..n-1")
-    deltas = np.frombuffer(ts_bytes, np.int64)
-    first = header.base_timestamp + int(deltas[0])
-    max_ts = first if n == 1 else header.base_timestamp + int(deltas.max())
+    ts_bytes, od_bytes = check_records_section(records, n)
+    if n == 1:
+        # The usual small batch: plain byte and scalar checks, no NumPy views.
+        if header.last_offset_delta != 0 or bytes(od_bytes) != _ZERO_DELTA:
+            raise InvalidRecordError("record offset deltas of a produced batch must be 0..n-1")
+        first = max_ts = header.base_timestamp + _I64.unpack_from(ts_bytes, 0)[0]
+    else:
+        offset_delta = np.frombuffer(od_bytes, np.int32)
+        if header.last_offset_delta != n - 1 or not _deltas_are_dense(offset_delta, n):
+            raise InvalidRecordError("record offset deltas of a produced batch must be 0..n-1")
+        deltas = np.frombuffer(ts_bytes, np.int64)
+        first = header.base_timestamp + int(deltas[0])
+        max_ts = header.base_timestamp + int(deltas.max())
     meta = BatchMeta(base_offset=-1, last_offset_delta=n - 1, record_count=n, base_timestamp=header.base_timestamp,
                      max_timestamp=header.max_timestamp, producer_id=header.producer_id,
                      producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,

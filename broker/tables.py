@@ -71,9 +71,6 @@ _STARTING = object()
 # 4 ms more, in the tail already the longest).
 FLUSH_SPACING_S = 0.004
 FLUSH_BURST = 2
-# Batches of at most this many records are coalesced (Bucket.append): larger ones are stored
-# as they come, one message each, as copying them together would cost more than it saves.
-COALESCE_MAX_BATCH_ROWS = 8
 
 
 class GroupCommit:
@@ -256,7 +253,7 @@ class Bucket:
             raise InvalidRecordError(message, record_errors=[(int(i), message) for i in keyless])
         ack = self.tablet.config.flush_policy is FlushPolicy.ACK
         written = self.tablet.append(records, meta, leader_epoch=self.leader_epoch,
-                                     coalesce=coalesce and ack and records.num_rows <= COALESCE_MAX_BATCH_ROWS)
+                                     coalesce=coalesce and ack)
         if ack:
             # Readers see it once fsynced: the group commit wakes them then.
             self.group_commit.request()

@@ -15,7 +15,6 @@ from fluvial.broker.authorization import allowed
 from fluvial.broker.handlers import Deferred, RequestContext, handles
 from fluvial.broker.log.batch_meta import ATTR_TRANSACTIONAL
 from fluvial.broker.log_table import LOG_TABLE
-from fluvial.broker.tables import COALESCE_MAX_BATCH_ROWS
 from fluvial.errors import FluvialError, InvalidRecordError, MessageTooLargeError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.fetch_response import EncodedResponse
@@ -98,8 +97,7 @@ def _convert(part: _Part, log_append_time: int | None, coalesced: bool = False) 
     try:
         table = part.bucket.table
         if (coalesced and log_append_time is None and table.kind is LOG_TABLE
-                and table.value_format is kafka_batches.RAW and not table.compacted
-                and part.header.records_count <= COALESCE_MAX_BATCH_ROWS):
+                and table.value_format is kafka_batches.RAW and not table.compacted):
             part.converted = kafka_batches.to_wire_records(memoryview(part.wire), part.header)
             return
         part.converted = table.kind.decode_produced(part.bucket, memoryview(part.wire), part.header,

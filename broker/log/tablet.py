@@ -42,8 +42,10 @@ SWAP_SUFFIX = ".swap"
 # of the newest data is checked (and at least every rolled segment is skipped).
 RECOVERY_CHECKPOINT_INTERVAL_MS = 500
 # Coalesced appends (`append(coalesce=True)`) waiting to be written are written at once when
-# they reach this many records; the flush writes them otherwise.
-COALESCE_MAX_ROWS = 4096
+# they reach this many bytes (or an eighth of segment.bytes, so that segments still hold
+# many messages); the flush writes them otherwise. A batch this large on its own is not
+# coalesced (copying it into a bigger one would cost more than its own message does).
+COALESCE_MAX_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,7 @@ class LogTablet:
         self._pending_schema: pa.Schema | None = None
         self._pending_end = 0
         self._pending_rows = 0
+        self._pending_bytes = 0
 
     # -- opening and recovery -------------------------------------------------------------
 
@@ -344,14 +347,21 @@ class LogTablet:
             base = self.log_end_offset
             records, filled = self._stamp(records, meta, base, now_ms, leader_epoch)
             if coalesce:
-                if not pending:
-                    self._pending_schema = records.schema
-                pending.append((records, filled))
-                self._pending_end = filled.next_offset
-                self._pending_rows += count
-                if self._pending_rows >= COALESCE_MAX_ROWS:
-                    self._write_pending_locked()
-                return filled
+                size = _approximate_size(records)
+                limit = min(COALESCE_MAX_BYTES, self.config.segment_bytes // 8)
+                if size < limit:
+                    if not pending:
+                        self._pending_schema = records.schema
+                    pending.append((records, filled))
+                    self._pending_end = filled.next_offset
+                    self._pending_rows += count
+                    self._pending_bytes += size
+                    if self._pending_bytes >= limit:
+                        self._write_pending_locked()
+                    return filled
+                self._write_pending_locked()
+                if hasattr(records, "convert_together"):
+                    records = records.convert_together([records])
             self._write_locked([records], [filled], stored_schema, stat_columns, opaque)
             return filled
 
@@ -372,6 +382,7 @@ class LogTablet:
             return
         self._pending = []
         self._pending_rows = 0
+        self._pending_bytes = 0
         stored_schema, stat_columns, opaque = self._stored_schema(pending[0][0].schema)
         try:
             batches = _convert_runs([r for r, _ in pending])
@@ -927,6 +938,14 @@ class LogTablet:
 
     def __repr__(self) -> str:
         return f"LogTablet({self.directory}, [{self.log_start_offset}, {self.log_end_offset}))"
+
+
+def _approximate_size(records) -> int:
+    """Bytes of a batch to append (of its Kafka records section when not converted yet)."""
+    section = getattr(records, "section", None)
+    if section is not None:
+        return len(section)
+    return records.nbytes
 
 
 def _convert_runs(records: list) -> list[pa.RecordBatch]:
