@@ -106,13 +106,17 @@ def _convert(part: _Part, log_append_time: int | None, coalesced: bool = False) 
         part.converted = exc
 
 
-def _appends_off_loop(part: _Part, log_append_time: int | None) -> bool:
+def _appends_off_loop(part: _Part, log_append_time: int | None, coalesced: bool) -> bool:
     """A batch converted on the executor may be appended there too when nothing about it
     needs the loop between conversion and append: no producer id (idempotent and
     transactional producers are checked and recorded against the producer state on the
-    loop, with no await between check and append) and no broker timestamps (the wire batch
-    then does not stand for the stored one). The table's kind decides the rest."""
-    return part.header.producer_id < 0 and not part.header.attributes & ATTR_TRANSACTIONAL and log_append_time is None
+    loop, with no await between check and append), no broker timestamps (the wire batch
+    then does not stand for the stored one), and not a batch small enough to be coalesced
+    with the others of its flush window (a small typed batch). The table's kind decides
+    the rest."""
+    return (part.header.producer_id < 0 and not part.header.attributes & ATTR_TRANSACTIONAL
+            and log_append_time is None
+            and not (coalesced and part.header.records_count <= COALESCE_MAX_BATCH_ROWS))
 
 
 def _convert_and_append(part: _Part, log_append_time: int | None) -> None:
@@ -185,10 +189,10 @@ async def produce(ctx: RequestContext, request):
     lat = {p.topic: kafka_batches.now_ms() for p in todo
            if p.bucket.table.config("message.timestamp.type") == "LogAppendTime"}
     loop = asyncio.get_running_loop()
-    pending = [loop.run_in_executor(
-        broker.cpu_executor, _convert_and_append if _appends_off_loop(p, lat.get(p.topic)) else _convert,
-        p, lat.get(p.topic)) for p in big]
     coalesced = acks == -1 and broker.config.flush_policy == "ack"
+    pending = [loop.run_in_executor(
+        broker.cpu_executor, _convert_and_append if _appends_off_loop(p, lat.get(p.topic), coalesced) else _convert,
+        p, lat.get(p.topic)) for p in big]
     for p in small:
         _convert(p, lat.get(p.topic), coalesced)
     if pending:
