@@ -66,6 +66,9 @@ REMOTE_SNAPSHOT_RETAIN = int(os.environ.get("FLUVIAL_KV_REMOTE_SNAPSHOT_RETAIN",
 # Writes smaller than this many rows merge on the event loop: a thread hop costs more.
 INLINE_ROWS = 256
 _REPLAY_CHUNK_BYTES = 16 << 20
+# The former read path, kept only to measure against (benchmarks/bench_pk_lookup_fence.py):
+# lookups then wait for the fsync of what they read instead of reading the durable state.
+LOOKUPS_WAIT_FOR_FSYNC = os.environ.get("FLUVIAL_KV_LOOKUPS_WAIT_FOR_FSYNC") == "1"
 _LABELS = [c.label.encode() for c in ChangeType]
 _KEY_SETTINGS = (PRIMARY_KEY, BUCKET_KEY, BUCKET_FUNCTION, KEY_FORMAT, MERGE_ENGINE, VERSION_COLUMN, UPSERT_KEY, RETRACT_STATE_TTL)
 
@@ -1248,7 +1251,8 @@ def _read_buckets(table: Table, pk: PkTable, keys: pa.Table | pa.Array, read, wa
         # under way. A bucket whose durable offset is still below what its KV tablet held
         # when it opened waits for it instead.
         durable = pk.buckets[b].durable
-        if durable is not None and not (bucket.tablet.config.flush_policy is FlushPolicy.ACK and durable.usable()):
+        if durable is not None and (LOOKUPS_WAIT_FOR_FSYNC or not (
+                bucket.tablet.config.flush_policy is FlushPolicy.ACK and durable.usable())):
             durable = None
             fenced.append(b)
         parts.append(read(pk.buckets[b].tablet, part, durable))
