@@ -864,7 +864,8 @@ def _append(pk: PkTable, bucket: Bucket, write, stored: pa.RecordBatch | None, m
             if kv.durable is not None:
                 if bucket.tablet.config.flush_policy is FlushPolicy.ACK:
                     # Before RocksDB has them: a lookup that sees these rows finds what they replace.
-                    kv.durable.add(written.next_offset, write.keys, kv.tablet.db.get(write.keys))
+                    before = write.before.to_pylist() if write.before is not None else kv.tablet.db.get(write.keys)
+                    kv.durable.add(written.next_offset, write.keys, before)
                 else:
                     kv.durable.clear()
             kv.tablet.apply(write, written.next_offset)

@@ -53,6 +53,9 @@ class KvWrite:
     keys: list[bytes]
     values: list[bytes | None]  # None deletes the key
     stats: RetractStats | None = None  # change of the retract state's figures
+    # What `keys` held when the write was prepared (null: nothing), read by the merge
+    # anyway: the before-images of a durable view (None: not known, read them again).
+    before: pa.Array | None = None
 
     @property
     def empty(self) -> bool:
@@ -288,7 +291,8 @@ class KvTablet:
         deleted = act[final] == Action.DELETE
         if deleted.any():
             final_bytes = pc.if_else(pa.array(deleted), pa.scalar(None, pa.binary()), final_bytes)
-        return KvWrite(changelog, unique_arrow.take(pa.array(touched)).to_pylist(), final_bytes.to_pylist())
+        return KvWrite(changelog, unique_arrow.take(pa.array(touched)).to_pylist(), final_bytes.to_pylist(),
+                       before=old_bytes.take(pa.array(touched)))
 
     def _prepare_stateful(self, rows: pa.RecordBatch, deletes: np.ndarray, retract: np.ndarray,
                           timestamps: np.ndarray | None) -> KvWrite:
@@ -410,7 +414,7 @@ class KvTablet:
         changelog = self._changelog_batch(pool.take(pa.array(where)), change, src[o])
         touched = np.flatnonzero(insert | update | delete)
         return KvWrite(changelog, [unique_keys[i] for i in touched.tolist()],
-                       final_bytes.take(pa.array(touched)).to_pylist())
+                       final_bytes.take(pa.array(touched)).to_pylist(), before=old_bytes.take(pa.array(touched)))
 
     def _versioned_state(self, new_rows: pa.StructArray, old_rows: pa.StructArray, exists: np.ndarray,
                          group: np.ndarray, order: np.ndarray, first_in_group: np.ndarray, g_count: int) -> np.ndarray:
