@@ -39,8 +39,14 @@ class LogTable(TableKind):
     """A table whose log is what was produced."""
 
     # -- Kafka writes ---------------------------------------------------------------------
-    def decode_produced(self, bucket, wire: memoryview, header, *, log_append_time_ms: int | None):
+    def decode_produced(self, bucket, wire: memoryview, header, *, log_append_time_ms: int | None,
+                        coalesced: bool = False):
         table = bucket.table
+        if (coalesced and log_append_time_ms is None and table.value_format is kafka_batches.RAW
+                and not table.compacted):
+            # Only checked here: the log tablet converts it to Arrow together with the
+            # other batches of its flush window.
+            return kafka_batches.to_wire_records(wire, header)
         return kafka_batches.to_arrow(wire, header, log_append_time_ms=log_append_time_ms,
                                       value_format=table.value_format, tombstones=table.compacted)
 

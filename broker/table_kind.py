@@ -50,9 +50,11 @@ class TableKind:
         """Raise when DeleteRecords may not move the table's log start."""
 
     def decode_produced(self, bucket, wire: memoryview, header: "BatchHeader", *,
-                        log_append_time_ms: int | None) -> tuple[object, "BatchMeta"]:
+                        log_append_time_ms: int | None, coalesced: bool = False) -> tuple[object, "BatchMeta"]:
         """A produced v2 batch as (what `append_produced` writes, its meta); blocking CPU
-        work (the handler runs it off the loop when large). Raises InvalidRecordError."""
+        work (the handler runs it off the loop when large). `coalesced`: the append will
+        be coalesced with others of its flush window (acks=all under flush policy `ack`),
+        so the kind may leave work for then. Raises InvalidRecordError."""
         raise NotImplementedError
 
     async def hold_transactional(self, broker, bucket, meta: "BatchMeta", wire: bytes) -> bool:

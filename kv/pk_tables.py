@@ -1417,7 +1417,8 @@ class PrimaryKeyTable(TableKind):
 
     name = PRIMARY_KEY_KIND
 
-    def decode_produced(self, bucket, wire: memoryview, header, *, log_append_time_ms: int | None):
+    def decode_produced(self, bucket, wire: memoryview, header, *, log_append_time_ms: int | None,
+                        coalesced: bool = False):
         return to_write(bucket, wire, header, log_append_time_ms=log_append_time_ms)
 
     async def hold_transactional(self, broker, bucket, meta: BatchMeta, wire: bytes) -> bool:

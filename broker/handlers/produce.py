@@ -14,7 +14,6 @@ from fluvial.broker import kafka_batches
 from fluvial.broker.authorization import allowed
 from fluvial.broker.handlers import Deferred, RequestContext, handles
 from fluvial.broker.log.batch_meta import ATTR_TRANSACTIONAL
-from fluvial.broker.log_table import LOG_TABLE
 from fluvial.errors import FluvialError, InvalidRecordError, MessageTooLargeError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.fetch_response import EncodedResponse
@@ -95,13 +94,9 @@ def _convert(part: _Part, log_append_time: int | None, coalesced: bool = False) 
     ``ack``); a small raw-table batch is then only checked here, and converted to Arrow by
     the log tablet together with the others of its flush window."""
     try:
-        table = part.bucket.table
-        if (coalesced and log_append_time is None and table.kind is LOG_TABLE
-                and table.value_format is kafka_batches.RAW and not table.compacted):
-            part.converted = kafka_batches.to_wire_records(memoryview(part.wire), part.header)
-            return
-        part.converted = table.kind.decode_produced(part.bucket, memoryview(part.wire), part.header,
-                                                    log_append_time_ms=log_append_time)
+        part.converted = part.bucket.table.kind.decode_produced(part.bucket, memoryview(part.wire), part.header,
+                                                                log_append_time_ms=log_append_time,
+                                                                coalesced=coalesced)
     except FluvialError as exc:
         part.converted = exc
 
