@@ -14,6 +14,7 @@ from fluvial.broker import kafka_batches
 from fluvial.broker.authorization import allowed
 from fluvial.broker.handlers import Deferred, RequestContext, handles
 from fluvial.broker.log.batch_meta import ATTR_TRANSACTIONAL
+from fluvial.broker.log.tablet import COALESCE_MAX_BYTES
 from fluvial.errors import FluvialError, InvalidRecordError, MessageTooLargeError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.fetch_response import EncodedResponse
@@ -111,7 +112,7 @@ def _appends_off_loop(part: _Part, log_append_time: int | None, coalesced: bool)
     the rest."""
     return (part.header.producer_id < 0 and not part.header.attributes & ATTR_TRANSACTIONAL
             and log_append_time is None
-            and not (coalesced and part.header.records_count <= COALESCE_MAX_BATCH_ROWS))
+            and not (coalesced and len(part.wire) < COALESCE_MAX_BYTES))
 
 
 def _convert_and_append(part: _Part, log_append_time: int | None) -> None:
