@@ -155,6 +155,15 @@ class GroupCommit:
             self._start()
         return waiter
 
+    def _fail_waiters(self, failure: BaseException) -> None:
+        waiters, self._waiters = self._waiters, collections.deque()
+        for _, waiter in waiters:
+            if not waiter.done():
+                if isinstance(failure, asyncio.CancelledError):
+                    waiter.cancel()
+                else:
+                    waiter.set_exception(failure)
+
     def _flushed(self, target: int, running: asyncio.Future) -> None:
         # Runs on the loop when the executor's flush ends. `_running` is cleared before any
         # waiter resumes, so a waiter never sees a finished flush as still running.
@@ -166,13 +175,7 @@ class GroupCommit:
         if failure is not None:
             # The tablet is offline now (or the loop is stopping): every waiter learns it,
             # none is acknowledged.
-            waiters, self._waiters = self._waiters, collections.deque()
-            for _, waiter in waiters:
-                if not waiter.done():
-                    if isinstance(failure, asyncio.CancelledError):
-                        waiter.cancel()
-                    else:
-                        waiter.set_exception(failure)
+            self._fail_waiters(failure)
             return
         # flush_up_to may have covered appends made after `target` was read.
         durable = max(target, min(self._tablet.flushed_offset, self._tablet.log_end_offset))
@@ -196,6 +199,12 @@ class GroupCommit:
                     else:
                         still.append((offset, waiter))
                 self._waiters = still
+        if self._waiters and self._tablet.closed:
+            # Deleted (or closed on a failing disk) with appends not made durable: no flush
+            # will cover them, so their waits fail instead of waiting forever.
+            self._fail_waiters(StorageError(f"the log of {self._tablet.directory} was closed before "
+                                            f"offset {self._waiters[-1][0]} was durable"))
+            return
         if self._tablet.log_end_offset > self.durable_offset and (
                 self._waiters or self._tablet.config.flush_policy is FlushPolicy.ACK):
             # Appends that came in during this flush: the next group starts now.

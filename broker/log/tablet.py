@@ -932,6 +932,11 @@ class LogTablet:
             self._closed = True
             shutil.rmtree(self.directory, ignore_errors=True)
 
+    @property
+    def closed(self) -> bool:
+        """Closed or deleted: nothing more is appended or flushed."""
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
             raise StorageError(f"log tablet {self.directory} is closed")
