@@ -24,6 +24,9 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+# Lookups of at most this many keys probe the pending keys one by one.
+_FEW_KEYS = 32
+
 
 class DurableView:
     """The before-images of a KV tablet's writes that are not yet durable.
@@ -85,6 +88,17 @@ class DurableView:
             self._prune()
             if not self._by_key:
                 return values
+            if len(keys) <= _FEW_KEYS:
+                # A few keys (single-key lookups): dict probes, no Arrow arrays of every
+                # pending key to build after each write.
+                pending = self._by_key
+                hits = [(i, pending[k]) for i, k in enumerate(keys.to_pylist()) if k in pending]
+                if not hits:
+                    return values
+                out = values.to_pylist()
+                for i, v in hits:
+                    out[i] = v
+                return pa.array(out, pa.binary())
             if self._arrays is None:
                 self._arrays = (pa.array(list(self._by_key), pa.binary()),
                                 pa.array(list(self._by_key.values()), pa.binary()))

@@ -79,3 +79,14 @@ def test_a_tablet_read_through_the_view_gives_the_rows_before_pending_writes(tmp
     durable.offset = 6
     assert tablet.lookup(keys, view).to_pydict() == {"id": [1, 3], "v": ["A", "c"]}
     tablet.close()
+
+
+def test_many_keys_and_few_keys_are_put_back_alike():
+    durable = Durable()
+    view = DurableView(durable, 0)
+    view.add(2, [b"k%03d" % i for i in range(0, 100, 2)], [b"old%03d" % i for i in range(0, 100, 2)])
+    keys = [b"k%03d" % i for i in range(100)]
+    live = binary([b"new%03d" % i for i in range(100)])
+    expected = [b"old%03d" % i if i % 2 == 0 else b"new%03d" % i for i in range(100)]
+    assert view.rewind(binary(keys), live).to_pylist() == expected  # vectorised
+    assert view.rewind(binary(keys[:3]), live.slice(0, 3)).to_pylist() == expected[:3]  # probed
