@@ -36,6 +36,9 @@ LOAD = Metric("load average (1 min)", "load", False)
 # Fluvial only (its /metrics histogram of log fsyncs, taken before and after the measured
 # window): how many fsyncs the window's records waited for and how many took longer than
 # 10 ms, the disk's own tail, which under flush policy ack every reader waits behind.
+# CPU the broker process used during the measured window: on a shared machine, a broker that
+# needs less CPU per record is scheduled sooner when it wakes up.
+BROKER_CPU = Metric("broker CPU", "% of a core", False)
 FSYNCS_PER_S = Metric("fsyncs/s", "fsyncs/s", False)
 SLOW_FSYNCS = Metric("fsyncs over 10 ms", "%", False)
 
@@ -116,10 +119,12 @@ def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None
             _paced(producer, topic, padding, _WARMUP, rate, until=lambda sent: sent >= rate // 2,
                    deadline=time.monotonic() + scale.timeout_s)
             fsyncs_before = _fsync_histogram(broker)
+            cpu_before = _cpu_seconds(broker.pid)
             start = time.perf_counter()
             _paced(producer, topic, padding, _MEASURED, rate, until=lambda sent: sent >= measured_count,
                    deadline=time.monotonic() + timeout_s)
             send_seconds = time.perf_counter() - start
+            cpu_after = _cpu_seconds(broker.pid)
             fsyncs_after = _fsync_histogram(broker)
             producer.flush(30)
             consumer.join(timeout_s)
@@ -141,12 +146,23 @@ def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None
     p50, p99, p999 = np.percentile(latencies, [50, 99, 99.9]) / 1e6
     figures = {P50.name: p50, P99.name: p99, P999.name: p999, ACHIEVED_RATE.name: measured_count / send_seconds,
                LOAD.name: os.getloadavg()[0]}
+    if cpu_before is not None and cpu_after is not None:
+        figures[BROKER_CPU.name] = 100 * (cpu_after - cpu_before) / send_seconds
     if fsyncs_before is not None and fsyncs_after is not None:
         count = fsyncs_after["+Inf"] - fsyncs_before["+Inf"]
         fast = fsyncs_after["0.01"] - fsyncs_before["0.01"]
         figures[FSYNCS_PER_S.name] = count / send_seconds
         figures[SLOW_FSYNCS.name] = 100 * (count - fast) / count if count else 0.0
     return figures
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User and system CPU time of a process (Linux); None where /proc cannot tell."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _fsync_histogram(broker: RunningBroker) -> dict[str, float] | None:
@@ -204,7 +220,7 @@ WORKLOAD = Workload(
                 f"{VALUE_SIZE} B values, acks=all, "
                 "linger.ms=5: from the producer's produce() call to the consumer (another process) "
                 "receiving the record; p50/p99/p99.9 over the measured records (warm-up excluded).",
-    metrics=(P50, P99, P999, ACHIEVED_RATE, LOAD, FSYNCS_PER_S, SLOW_FSYNCS),
+    metrics=(P50, P99, P999, ACHIEVED_RATE, LOAD, BROKER_CPU, FSYNCS_PER_S, SLOW_FSYNCS),
     cases=cases,
     settings=settings,
 )
