@@ -152,7 +152,8 @@ def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None
         count = fsyncs_after["+Inf"] - fsyncs_before["+Inf"]
         fast = fsyncs_after["0.01"] - fsyncs_before["0.01"]
         figures[FSYNCS_PER_S.name] = count / send_seconds
-        figures[SLOW_FSYNCS.name] = 100 * (count - fast) / count if count else 0.0
+        if count:  # none under flush policy none
+            figures[SLOW_FSYNCS.name] = 100 * (count - fast) / count
     return figures
 
 
