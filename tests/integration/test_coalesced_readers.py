@@ -198,3 +198,24 @@ def test_read_committed_over_transactions_coalesced_with_other_producers(fresh_b
     broker.restart()  # the transaction index is rebuilt from the segments
     assert sorted(_values(broker.bootstrap, topic_name, "read_committed", len(expected))) == expected
     assert len(_values(broker.bootstrap, topic_name, "read_uncommitted", everything)) == everything
+
+
+def test_no_coalescing_without_the_ack_flush_policy(fresh_broker, topic_name):
+    """Under flush policy ``interval`` each Kafka batch stays a message of its own (nothing
+    waits for a flush window), and the records read back as sent."""
+    broker = fresh_broker("--flush-policy", "interval")
+    create_topic(broker.bootstrap, topic_name)
+    sent: dict[str, list] = {c: [] for c in CODECS[:3]}
+    start = threading.Barrier(len(sent))
+    threads = [threading.Thread(target=_produce, args=(broker.bootstrap, topic_name, c, 40, sent[c], start))
+               for c in sent]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    log = _consume(broker.bootstrap, topic_name, 0, 40 * len(sent))
+    for codec in sent:
+        mine = [_row(m) for m in log if (m.value() or b"").startswith(codec.encode() + b"-")]
+        assert mine == [(k, v, h, ts) for k, v, h, ts in sent[codec]], codec
+    broker.stop()
+    assert _coalesced_messages(broker, topic_name) == 0
