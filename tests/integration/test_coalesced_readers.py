@@ -12,10 +12,12 @@ coalesced with others.
 """
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
 
+import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -219,3 +221,67 @@ def test_no_coalescing_without_the_ack_flush_policy(fresh_broker, topic_name):
         assert mine == [(k, v, h, ts) for k, v, h, ts in sent[codec]], codec
     broker.stop()
     assert _coalesced_messages(broker, topic_name) == 0
+
+
+def _updates(bootstrap: str, topic: str, name: str, keys: range, latest: dict, lock: threading.Lock,
+             start: threading.Barrier) -> None:
+    def done(err, msg):
+        assert err is None, err
+        with lock:
+            latest[msg.key()] = (msg.offset(), msg.value())
+
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 0,
+                  "batch.num.messages": 2})
+    start.wait()
+    for r in range(4):
+        for k in keys:
+            # Every fourth key of the last round is deleted (a tombstone).
+            value = None if r == 3 and k % 4 == 0 else b"%s-%d-%d" % (name.encode(), k, r)
+            p.produce(topic, key=b"key-%03d" % k, value=value, partition=0, on_delivery=done)
+            p.poll(0)
+    assert p.flush(30) == 0
+
+
+def _compact(broker, topic: str) -> dict:
+    """One forced cleaning pass (the table API's compact action)."""
+    client = flight.connect(broker.flight_url)
+    try:
+        [result] = client.do_action(flight.Action("compact", json.dumps({"table": topic}).encode()))
+    finally:
+        client.close()
+    return json.loads(result.body.to_pybytes())
+
+
+def test_compaction_of_coalesced_messages_with_tombstones(fresh_broker, topic_name):
+    from tests.integration.test_compaction import create_compacted
+
+    broker = fresh_broker("--log-cleaner-backoff-ms", "3600000")
+    create_compacted(broker.bootstrap, topic_name, **{"delete.retention.ms": "3000"})
+    latest: dict = {}
+    lock = threading.Lock()
+    start = threading.Barrier(3)
+    threads = [threading.Thread(target=_updates, args=(broker.bootstrap, topic_name, f"p{n}",
+                                                       range(n * 30, n * 30 + 30), latest, lock, start))
+               for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert _coalesced_messages(broker, topic_name) > 0, "no coalesced message was written"
+    end = 4 * 90
+
+    def compacted() -> dict:
+        got = _consume(broker.bootstrap, topic_name, 0, end)
+        out: dict = {}
+        for m in got:
+            assert m.key() not in out, f"{m.key()} kept twice"
+            out[m.key()] = (m.offset(), m.value())
+        return out
+
+    cleaned = time.monotonic()
+    _compact(broker, topic_name)
+    # One record per key, at its offset, tombstones kept (for delete.retention.ms).
+    assert compacted() == latest
+    time.sleep(max(0.0, cleaned + 3.2 - time.monotonic()))
+    _compact(broker, topic_name)
+    assert compacted() == {k: v for k, v in latest.items() if v[1] is not None}
