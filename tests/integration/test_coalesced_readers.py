@@ -115,6 +115,23 @@ def test_coalesced_log_reads_as_kafka_would(fresh_broker, topic_name):
         assert found.offset == expected, (target, found.offset, expected)
     assert c.get_watermark_offsets(TopicPartition(topic_name, 0), timeout=10) == (0, total)
 
+    # Table API scans: projection, a filter on a column (batch statistics are shared by
+    # the Kafka batches of a coalesced message) and a start inside a coalesced message.
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    import fluvial.client as fc
+    mid = timestamps[total // 2]
+    with fc.connect(broker.flight_url) as client:
+        table = client.table(topic_name)
+        for start_at, expr, want in (
+                (0, pc.field("value") >= pa.scalar(b"lz4"), [m for m in log if m.value() >= b"lz4"]),
+                (7, pc.field("_timestamp") >= pa.scalar(mid, pa.timestamp("ms", tz="UTC")),
+                 [m for m in log[7:] if m.timestamp()[1] >= mid])):
+            got = table.scan(columns=["_offset", "value"], filter=expr, start=start_at).to_arrow()
+            assert got.column("_offset").to_pylist() == [m.offset() for m in want]
+            assert got.column("value").to_pylist() == [m.value() for m in want]
+
     # DeleteRecords to an offset inside a coalesced message.
     cut = total // 3 + 1
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
