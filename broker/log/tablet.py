@@ -23,7 +23,7 @@ from fluvial.broker.log.leader_epoch import LeaderEpochCache
 from fluvial.broker.log.segment import DATA_SUFFIX, OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment
 from fluvial.broker.log.segment_format import BatchHeader, SegmentFormatError, encode_batch, split_parts
 from fluvial.broker.log.statistics import ColumnStats, compute_stats, decode_stats, stats_columns
-from fluvial.errors import FluvialError, InvalidRecordError, InvalidRequestError, OffsetOutOfRangeError, StorageError
+from fluvial.errors import InvalidRecordError, InvalidRequestError, OffsetOutOfRangeError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -386,11 +386,14 @@ class LogTablet:
         stored_schema, stat_columns, opaque = self._stored_schema(pending[0][0].schema)
         try:
             batches = _convert_runs([r for r, _ in pending])
-        except (FluvialError, pa.ArrowException, ValueError) as exc:
-            # Checked when appended, so this is a bug or memory corruption: the offsets were
-            # answered already, so nothing may take them instead.
-            raise self._fail("converting batches", OSError(str(exc))) from exc
-        self._write_locked(batches, [f for _, f in pending], stored_schema, stat_columns, opaque)
+            self._write_locked(batches, [f for _, f in pending], stored_schema, stat_columns, opaque)
+        except StorageError:
+            raise  # the tablet is offline already
+        except Exception as exc:
+            # Checked when appended, so this is a bug, memory running out or corruption: the
+            # offsets were answered already (and recorded in the producer state), so nothing
+            # may take them instead, whatever the failure was.
+            raise self._fail("writing coalesced appends", OSError(repr(exc))) from exc
 
     def _write_locked(self, batches: list[pa.RecordBatch], metas: list[BatchMeta], stored_schema: pa.Schema,
                       stat_columns: tuple[int, ...], opaque: bool) -> None:

@@ -91,3 +91,47 @@ def test_waits_of_pending_appends_fail_when_the_tablet_is_deleted(tmp_path):
     tablet = LogTablet.open(tmp_path / "b", LogConfig(flush_policy=FlushPolicy.ACK))
     outcomes = _waits(tablet, tablet.delete)
     assert all(isinstance(e, StorageError) for e in outcomes), outcomes
+
+
+def test_an_unexpected_error_writing_pending_appends_takes_the_tablet_offline(tmp_path, monkeypatch):
+    """Whatever fails while the pending appends are converted (here: memory runs out), their
+    offsets were handed out: the tablet goes offline and their waits fail, instead of the
+    offsets going to later appends and the flush never running again."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    from fluvial.broker import kafka_batches
+    from fluvial.protocol.records import parse_batch_header
+
+    def wire_batch(value: bytes):
+        b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                      producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+        b.append(0, timestamp=1000, key=b"k", value=value, headers=[])
+        wire = memoryview(bytes(b.build()))
+        return kafka_batches.to_wire_records(wire, parse_batch_header(wire))
+
+    def out_of_memory(items):
+        raise MemoryError("out of memory converting records")
+
+    tablet = LogTablet.open(tmp_path, LogConfig(flush_policy=FlushPolicy.ACK))
+    tablet.append(kafka_rows([b"a"], 1, 1), _meta())
+    tablet.flush()
+
+    async def run():
+        with ThreadPoolExecutor(1) as executor:
+            commit = GroupCommit(tablet, executor)
+            waits = []
+            for i in range(3):
+                records, meta = wire_batch(b"v%d" % i)
+                written = tablet.append(records, meta, coalesce=True)
+                waits.append(commit.wait_durable(written.next_offset))
+            monkeypatch.setattr(kafka_batches.WireRecords, "convert_together", staticmethod(out_of_memory))
+            done, pending = await asyncio.wait(waits, timeout=5)
+            assert not pending, "a wait was never answered"
+            return [w.exception() for w in waits]
+
+    outcomes = asyncio.run(run())
+    assert all(isinstance(e, StorageError) for e in outcomes), outcomes
+    assert tablet.failure is not None
+    with pytest.raises(StorageError):
+        tablet.append(kafka_rows([b"x"], 9, 9), _meta())
+    tablet.close()
