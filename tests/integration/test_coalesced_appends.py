@@ -86,3 +86,40 @@ def test_kill9_amid_coalesced_appends_keeps_every_acknowledged_record(fresh_brok
     c.close()
     again = read_all(broker.bootstrap, topic_name, 1, len(got))
     assert len(again) == len(got)
+
+
+def test_duplicates_of_coalesced_batches_are_found_after_a_clean_restart(fresh_broker, topic_name):
+    """Producer state comes back from its snapshot (written on stop) plus the coalesced
+    messages after it: retries of each producer's last batches get their original offsets,
+    and the next sequence is appended at the log end."""
+    broker = fresh_broker()
+    create_topic(broker.bootstrap, topic_name, 1)
+    clients = [RawClient(broker.bootstrap) for _ in range(4)]
+    pids = [init_producer(c) for c in clients]
+    n = 20
+    batches = [[batch(pid, 0, i, [b"q%d-%d" % (k, i)]) for i in range(n)] for k, pid in enumerate(pids)]
+    acked: dict = {}
+    threads = [threading.Thread(target=_pipelined, args=(c, topic_name, batches[k], acked, k))
+               for k, c in enumerate(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for c in clients:
+        c.close()
+    assert len(acked) == 4 * n
+    broker.stop()
+    parts = []
+    for segment in sorted((broker.data_dir / "log").glob(f"{topic_name}-0/*.arrows")):
+        with ipc.open_stream(segment) as reader:
+            parts += [m.custom_metadata.get(PARTS_KEY, b"") for m in reader.iter_batches_with_custom_metadata()]
+    assert any(p.count(b"\n") >= 1 for p in parts), "no coalesced message was written"
+    broker.start()
+    c = RawClient(broker.bootstrap)
+    for k in range(4):
+        for i in range(n - 5, n):
+            assert produce(c, topic_name, batches[k][i]) == (0, acked[(k, i)]), (k, i)
+    for k, pid in enumerate(pids):
+        assert produce(c, topic_name, batch(pid, 0, n, [b"next-%d" % k])) == (0, 4 * n + k)
+    c.close()
+    assert len(read_all(broker.bootstrap, topic_name, 1, 4 * n + 4)) == 4 * n + 4
