@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from tests.integration.test_spark import native, spark  # noqa: E402,F401 - the module's Spark session
+from tests.integration.test_spark import native  # noqa: E402
 from tests.integration.test_transactions import _producer, topic  # noqa: E402,F401
 
 
