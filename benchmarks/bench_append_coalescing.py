@@ -5,7 +5,9 @@ its own IPC message in the log tablet (conversion, stamping, encoding, checksum,
 index entry). This measures, in this process on one core, the CPU per record of
 converting and appending K one-record batches one by one against one K-record batch
 converted and appended once: the ceiling of what coalescing a loop pass's appends to one
-bucket could save per request. Flush policy `none` (no fsync), 100 B values.
+bucket could save per request, and (`coalesced`) what the broker's coalesced appends do:
+the K batches checked one by one, converted and written together as one message. Flush
+policy `none` (no fsync), 100 B values.
 
 Run: `python benchmarks/bench_append_coalescing.py [--k 12] [--rounds 5]`. Results:
 benchmarks/results/append-coalescing.json (median of the rounds, with the load average).
@@ -59,13 +61,21 @@ def main() -> None:
                 records, meta = kafka_batches.to_arrow(memoryview(bytearray(one)), h1)
                 tablet.append(records, meta, leader_epoch=0)
 
+        def coalesced() -> None:
+            # What the broker does now: each one-record batch checked and given its offsets
+            # on arrival (coalesced append), the K converted and written together as one message.
+            for _ in range(args.k):
+                records, meta = kafka_batches.to_wire_records(memoryview(bytearray(one)), h1)
+                tablet.append(records, meta, leader_epoch=0, coalesce=True)
+            tablet.write_pending()
+
         def together() -> None:
             records, meta = kafka_batches.to_arrow(memoryview(bytearray(many)), hk)
             tablet.append(records, meta, leader_epoch=0)
 
         load_before = os.getloadavg()
         figures = {}
-        for name, fn in (("separate", separate), ("together", together)):
+        for name, fn in (("separate", separate), ("coalesced", coalesced), ("together", together)):
             fn()  # warm
             runs = timeit.repeat(fn, number=args.number, repeat=args.rounds)
             figures[name] = {"us_per_record": round(statistics.median(runs) / args.number / args.k * 1e6, 1),

@@ -40,6 +40,12 @@ PARTS = {
     "socket_writes": "_SelectorSocketTransport.write (asyncio/selector_events.py)",
     "group_commit": "GroupCommit._begin (broker/tables.py)",
     "producer_state": "ProducerStateRegistry.check (broker/producer_state.py)",
+    # Coalesced appends: a small raw batch is checked on arrival, converted with the others of
+    # its flush window, and the window written as one message before its fsync.
+    "records_checked": "to_wire_records (broker/kafka_batches.py)",
+    "records_converted_together": "WireRecords.convert_together (broker/kafka_batches.py)",
+    "coalesced_write": "LogTablet.write_pending (broker/log/tablet.py)",
+    "request_reading": "KafkaServer._read_requests (broker/server.py)",
 }
 
 
