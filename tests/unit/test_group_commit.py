@@ -145,13 +145,16 @@ def test_a_steady_producer_and_the_request_after_a_caught_up_backlog_never_wait_
         bucket = make_bucket(tmp_path, executor)
         tablet = bucket.tablet
         starts: list[float] = []
-        original = tablet.flush_up_to
+        commit = bucket.group_commit
+        original = commit._begin
 
-        def recording_flush(offset):
+        def recording_begin():
+            # On the loop, when the flush is handed to the executor (the thread's own pick-up
+            # time is scheduling noise, not spacing).
             starts.append(loop.time())
-            original(offset)
+            original()
 
-        tablet.flush_up_to = recording_flush
+        commit._begin = recording_begin
         delays = []
         for i in range(20):
             for _ in range(2):  # two requests back to back: the second waits for no spacing
@@ -166,8 +169,8 @@ def test_a_steady_producer_and_the_request_after_a_caught_up_backlog_never_wait_
         delays = asyncio.run(scenario())
     finally:
         executor.shutdown()
-    # A flush handed to the executor within the loop pass (a loaded machine adds scheduling
+    # A flush begun in the loop pass after its request (a loaded machine adds scheduling
     # noise, never the 4 ms spacing to most of them).
     delays.sort()
     assert delays[len(delays) // 2] < tables.FLUSH_SPACING_S / 4, delays
-    assert delays[int(len(delays) * 0.8)] < tables.FLUSH_SPACING_S * 0.75, delays
+    assert delays[int(len(delays) * 0.8)] < tables.FLUSH_SPACING_S / 2, delays
