@@ -128,7 +128,10 @@ def test_flushes_of_a_busy_bucket_start_spaced_apart_and_a_lone_one_at_once(tmp_
     # Measured where the executor thread starts the flush (its pick-up time varies a little
     # around the loop's spacing): back to back would be a fraction of a millisecond.
     assert gaps and gaps[len(gaps) // 2] >= tables.FLUSH_SPACING_S * 0.9, gaps
-    assert len(starts) - 1 <= 0.2 / tables.FLUSH_SPACING_S + 3 < appended, (len(starts), appended)
+    # At most one flush per spacing, and fewer flushes than requests (on a loaded machine the
+    # trickle itself may come slower than one request per 0.5 ms).
+    assert len(starts) - 1 <= 0.2 / tables.FLUSH_SPACING_S + 3, (len(starts), appended)
+    assert len(starts) < appended, (len(starts), appended)
 
 
 def test_a_steady_producer_and_the_request_after_a_caught_up_backlog_never_wait_for_the_spacing(tmp_path):
