@@ -252,15 +252,21 @@ def fetch_codec(compression_type: str, meta: BatchMeta) -> Compression:
     return _CODEC_BY_NAME[compression_type]
 
 
+def record_deltas(meta: BatchMeta, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+    """A stored batch's timestamp and offset deltas against its Kafka batch's bases."""
+    ts = batch.column("_timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    offsets = batch.column("_offset").to_numpy(zero_copy_only=False)
+    return (ts - meta.base_timestamp).astype(np.int64), (offsets - meta.base_offset).astype(np.int32)
+
+
 def to_wire(stored: StoredBatch, *, compression_type: str = "producer", leader_epoch: int = 0,
             value_format=RAW) -> bytes:
     """Re-encode a stored batch as a Kafka v2 batch with its original offsets."""
     meta, batch = stored.meta, stored.batch
-    ts = batch.column("_timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)
-    offsets = batch.column("_offset").to_numpy(zero_copy_only=False)
+    timestamp_delta, offset_delta = record_deltas(meta, batch)
     cols = RecordColumns(
-        timestamp_delta=(ts - meta.base_timestamp).astype(np.int64),
-        offset_delta=(offsets - meta.base_offset).astype(np.int32),
+        timestamp_delta=timestamp_delta,
+        offset_delta=offset_delta,
         keys=batch.column("_key"),
         values=value_format.to_values(batch, meta.schema_id) if value_format is RAW
         else _values_with_tombstones(batch, value_format, meta.schema_id),

@@ -1156,11 +1156,10 @@ def changelog_wire(table: Table, stored: StoredBatch, *, full: bool, compression
         deleted = change == ChangeType.DELETE
         if deleted.any():
             values = pc.if_else(pa.array(deleted), pa.scalar(None, pa.binary()), values)
-    ts = batch.column("_timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)
-    offsets = batch.column("_offset").to_numpy(zero_copy_only=False)
+    timestamp_delta, offset_delta = kafka_batches.record_deltas(meta, batch)
     cols = RecordColumns(
-        timestamp_delta=(ts - meta.base_timestamp).astype(np.int64),
-        offset_delta=(offsets - meta.base_offset).astype(np.int32),
+        timestamp_delta=timestamp_delta,
+        offset_delta=offset_delta,
         keys=batch.column("_key"),
         values=values,
         headers=with_change_header(batch.column("_headers"), change),

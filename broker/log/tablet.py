@@ -651,22 +651,15 @@ class LogTablet:
                         size = batch.get_total_buffer_size()
                     else:
                         size = header.body_length
-                    if not header.parts:
-                        if result and used + size > max_bytes:
-                            return result
-                        result.append(StoredBatch(meta, batch))
-                        used += size
-                        if used >= max_bytes:
-                            return result
-                        continue
-                    # A coalesced message: its Kafka batches one by one, each its rows' share of the size.
+                    # A plain message is one Kafka batch; a coalesced one holds several, each
+                    # counted with its rows' share of the message's size.
                     total = max(1, meta.record_count)
                     for part, rows in split_parts(header, batch):
                         if part.next_offset <= offset:
                             continue
                         if part.base_offset >= limit:
                             return result
-                        part_size = size * part.record_count // total
+                        part_size = size if part is meta else size * part.record_count // total
                         if result and used + part_size > max_bytes:
                             return result
                         result.append(StoredBatch(part, rows))
