@@ -40,7 +40,7 @@ from fluvial.kv.row_codec import DATA_PREFIX
 from fluvial.kv.change_types import FIRST_HIDDEN, parse_changes
 from fluvial.kv.rowmerger.aggregate import AGG_PREFIX, aggregates_from_configs
 from fluvial.kv.rowmerger.retract import RetractStats
-from fluvial.kv.tablet import CHANGE_COLUMN, SOURCE_COLUMN
+from fluvial.kv.tablet import CHANGE_COLUMN, SOURCE_COLUMN, cast_column
 from fluvial.protocol.records import BatchHeader, RecordColumns, build_batch, decode_records
 from fluvial.tiering.kv_snapshots import RemoteKvSnapshot, RemoteKvSnapshots, bucket_prefix
 
@@ -248,14 +248,7 @@ def _select(rows, columns: list[str], schema: pa.Schema) -> pa.StructArray:
         arrays = [rows.column(c) for c in columns]
         arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
     fields = [schema.field(c).with_nullable(False) for c in columns]
-    out = []
-    for a, f in zip(arrays, fields):
-        if a.type != f.type:
-            try:
-                a = a.cast(f.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise InvalidRecordError(f"key column {f.name!r} has type {a.type}, the table's is {f.type}: {exc}") from None
-        out.append(a)
+    out = [cast_column(a, f, "key column") for a, f in zip(arrays, fields)]
     return pa.StructArray.from_arrays(out, fields=fields)
 
 

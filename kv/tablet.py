@@ -66,6 +66,17 @@ class KvTabletError(Exception):
     """RocksDB state of a bucket that cannot be opened or brought in line with its log."""
 
 
+def cast_column(column, field: pa.Field, what: str = "column"):
+    """``column`` as ``field``'s type; a column that cannot be cast is refused naming both types."""
+    if column.type == field.type:
+        return column
+    try:
+        return column.cast(field.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InvalidRecordError(
+            f"{what} {field.name!r} has type {column.type}, the table's is {field.type}: {exc}") from None
+
+
 def _write_options() -> WriteOptions:
     opts = WriteOptions()
     opts.disable_wal = True  # the log tablet is the write-ahead log
@@ -489,13 +500,7 @@ class KvTablet:
             if f.name not in names:
                 cols.append(pa.nulls(n, f.type))
                 continue
-            col = rows.column(f.name)
-            if col.type != f.type:
-                try:
-                    col = col.cast(f.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise InvalidRecordError(f"column {f.name!r} has type {col.type}, the table's is {f.type}: {exc}") from None
-            cols.append(col)
+            cols.append(cast_column(rows.column(f.name), f))
         if self.spec.version_column and n:
             v = rows.column(self.spec.version_column)
             bad = np.flatnonzero(v.is_null().to_numpy(zero_copy_only=False) & ~deletes)
