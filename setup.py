@@ -16,5 +16,11 @@ setup(
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,  # the NumPy decoder in schema/avro_binary.py is the fallback
         ),
+        Extension(
+            "fluvial.kv._kvbatch",
+            ["kv/_kvbatch.c"],
+            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,  # kv/batch_io.py falls back to pyarrow and NumPy
+        ),
     ],
 )

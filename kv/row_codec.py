@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from fluvial.errors import InvalidRecordError
+from fluvial.kv.batch_io import long_keys
 from fluvial.schema import avro_binary
 from fluvial.schema.arrow_mapping import arrow_to_avro
 from fluvial.schema.avro_binary import DecodeErrors, decode_avro, encode_avro, pad
@@ -161,7 +162,8 @@ class RowCodec:
 
 # Up to this many keys, keys of plain column types encode one by one (see `_few_keys`).
 FEW_KEYS = 8
-_PLAIN_KEY_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.string(), pa.binary())
+_INT_KEY_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
+_PLAIN_KEY_TYPES = (*_INT_KEY_TYPES, pa.string(), pa.binary())
 
 
 def _varint(v: int, out: bytearray) -> None:
@@ -185,6 +187,8 @@ class KeyLayout:
         self._nodes = {id(self.key_schema): avro_node(self.key_schema), id(self.prefix_schema): avro_node(self.prefix_schema)}
         # Key columns whose Avro form is a zigzag varint or a length-prefixed byte string.
         self._plain_key = all(f.type in _PLAIN_KEY_TYPES for f in self.key_schema)
+        # Keys of integer columns only: encoded by batch_io.long_keys in one pass.
+        self._long_key = all(f.type in _INT_KEY_TYPES for f in self.key_schema)
 
     def check_keys(self, data: pa.RecordBatch | pa.Table, what: str = "row", columns: list[str] | None = None) -> None:
         """Refuse batches without every key column, or with a null in one (InvalidRecordError)."""
@@ -221,7 +225,24 @@ class KeyLayout:
             few = self._few_keys(data)
             if few is not None:
                 return few
+        if self._long_key:
+            longs = self._long_keys(data)
+            if longs is not None:
+                return longs
         return self._encode(data, self.key_schema)
+
+    def _long_keys(self, data) -> pa.Array | None:
+        """Keys of integer columns already of the key's types and without nulls, encoded in
+        one pass (the same bytes as the Avro encoder); None: the Avro encoder decides."""
+        columns = []
+        for f in self.key_schema:
+            col = data.column(f.name)
+            if col.type != f.type or col.null_count:
+                return None
+            if isinstance(col, pa.ChunkedArray):
+                col = col.combine_chunks()
+            columns.append(col.to_numpy().astype(np.int64, copy=False))
+        return long_keys(DATA_PREFIX, columns)
 
     def _few_keys(self, data) -> pa.Array | None:
         """Point-lookup keys of integer, string and binary columns already of the key's

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from rocksdict import BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from fluvial.errors import InvalidRecordError
+from fluvial.kv.batch_io import binary_at, key_order, take_bytes
 from fluvial.kv.change_types import FIRST_HIDDEN, ChangeType, is_retraction
 from fluvial.kv.row_codec import DATA_PREFIX, ROW_FLAG, KeyLayout, RowCodec, struct_of
 from fluvial.kv.rowmerger import Action, MergeEngine, MergeSpec, merger_for
@@ -368,11 +369,10 @@ class KvTablet:
         if n <= 1:
             return pa.array(self.db.get(keys.to_pylist()), pa.binary())
         if order is None:
-            order = pc.array_sort_indices(keys)
-        values = pa.array(self.db.get(keys.take(order).to_pylist()), pa.binary())
-        back = np.empty(n, np.int64)
-        back[order.to_numpy()] = np.arange(n)
-        return values.take(pa.array(back))
+            order = key_order(keys, len(DATA_PREFIX))
+        order = order.to_numpy() if isinstance(order, (pa.Array, pa.ChunkedArray)) else order
+        # The reorder and the list conversions each in one pass (kv/batch_io.py).
+        return binary_at(self.db.get(take_bytes(keys, order)), order)
 
     def _stored_rows(self, keys: list[bytes] | pa.Array,
                      order: pa.Array | None = None) -> tuple[pa.StructArray, np.ndarray, pa.BinaryArray]:
