@@ -310,11 +310,99 @@ PyDoc_STRVAR(key_prefixes_doc,
 "eight read as a big-endian uint64 (zero-padded), as native uint64s: their order is the\n"
 "values' byte order up to ties of values longer than skip + 8 bytes.");
 
+/* ------------------------------------------------------------------ bucket hashes */
+
+static inline uint8_t
+byte_at(const uint8_t *head, Py_ssize_t hlen, const uint8_t *body, Py_ssize_t i)
+{
+    return i < hlen ? head[i] : body[i - hlen];
+}
+
+static PyObject *
+murmur2_keys(PyObject *self, PyObject *args)
+{
+    PyObject *o_off, *o_data, *o_head, *out = NULL;
+    Py_buffer off, data, head;
+    Py_ssize_t skip, n, i;
+
+    if (!PyArg_ParseTuple(args, "OOnO:murmur2_keys", &o_off, &o_data, &skip, &o_head))
+        return NULL;
+    if (get_buffer(o_off, &off, 4, "offsets") < 0)
+        return NULL;
+    if (get_buffer(o_data, &data, 1, "data") < 0) {
+        PyBuffer_Release(&off);
+        return NULL;
+    }
+    if (get_buffer(o_head, &head, 1, "header") < 0) {
+        PyBuffer_Release(&off);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    n = off.len / 4 - 1;
+    if (n < 0)
+        n = 0;
+    out = PyBytes_FromStringAndSize(NULL, n ? n * 4 : 1);
+    if (out != NULL) {
+        const int32_t *o = (const int32_t *)off.buf;
+        const uint8_t *d = (const uint8_t *)data.buf, *hd = (const uint8_t *)head.buf;
+        uint32_t *res = (uint32_t *)PyBytes_AS_STRING(out);
+        const uint32_t m = 0x5bd1e995u;
+        for (i = 0; i < n; i++) {
+            Py_ssize_t start = (Py_ssize_t)o[i] + skip, end = o[i + 1], len, words, w, t;
+            const uint8_t *body = d + start;
+            uint32_t h;
+            if (o[i] < 0 || end > data.len || start > end) {
+                PyErr_Format(PyExc_ValueError, "value %zd lies outside the data buffer or is shorter than %zd bytes",
+                             i, skip);
+                Py_CLEAR(out);
+                break;
+            }
+            len = head.len + (end - start);
+            h = 0x9747b28cu ^ (uint32_t)len;
+            words = len / 4;
+            for (w = 0; w < words; w++) {
+                Py_ssize_t p = 4 * w;
+                uint32_t k = (uint32_t)byte_at(hd, head.len, body, p) | ((uint32_t)byte_at(hd, head.len, body, p + 1) << 8) |
+                             ((uint32_t)byte_at(hd, head.len, body, p + 2) << 16) |
+                             ((uint32_t)byte_at(hd, head.len, body, p + 3) << 24);
+                k *= m;
+                k ^= k >> 24;
+                k *= m;
+                h *= m;
+                h ^= k;
+            }
+            t = len % 4;
+            if (t >= 3)
+                h ^= (uint32_t)byte_at(hd, head.len, body, words * 4 + 2) << 16;
+            if (t >= 2)
+                h ^= (uint32_t)byte_at(hd, head.len, body, words * 4 + 1) << 8;
+            if (t >= 1) {
+                h ^= (uint32_t)byte_at(hd, head.len, body, words * 4);
+                h *= m;
+            }
+            h ^= h >> 13;
+            h *= m;
+            h ^= h >> 15;
+            res[i] = h;
+        }
+    }
+    PyBuffer_Release(&off);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&head);
+    return out;
+}
+
+PyDoc_STRVAR(murmur2_keys_doc,
+"murmur2_keys(offsets, data, skip, header) -> bytes\n\n"
+"Kafka's murmur2 (native uint32s) of each binary value (int32 offsets, data) with its\n"
+"first `skip` bytes replaced by `header`, without building the replaced values.");
+
 static PyMethodDef methods[] = {
     {"encode_long_keys", encode_long_keys, METH_VARARGS, encode_long_keys_doc},
     {"gather_bytes", gather_bytes, METH_VARARGS, gather_bytes_doc},
     {"scatter_bytes", scatter_bytes, METH_VARARGS, scatter_bytes_doc},
     {"key_prefixes", key_prefixes, METH_VARARGS, key_prefixes_doc},
+    {"murmur2_keys", murmur2_keys, METH_VARARGS, murmur2_keys_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,9 +31,10 @@ def _buffers(values: pa.Array) -> tuple[np.ndarray, memoryview]:
 
 
 def key_order(keys: pa.Array, skip: int = 0) -> np.ndarray:
-    """Positions of binary keys (no nulls) in byte order, for a RocksDB multi-get: exact for
-    keys of up to `skip` + 8 bytes, ties beyond broken by position (any order gives the same
-    answers; byte order lets RocksDB visit each block once)."""
+    """Positions of binary keys (no nulls) in byte order, for a RocksDB multi-get: ordered by
+    their bytes `skip` to `skip` + 8 (zero-padded), ties kept in position order. Any order
+    gives the same answers; byte order lets RocksDB visit each block once, and the first
+    bytes after the common prefix are where storage keys differ."""
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
     if not USE_NATIVE or keys.null_count or keys.type != pa.binary():
@@ -41,6 +42,18 @@ def key_order(keys: pa.Array, skip: int = 0) -> np.ndarray:
     offsets, data = _buffers(keys)
     prefixes = np.frombuffer(_native.key_prefixes(offsets, data, skip), np.uint64, len(keys))
     return np.argsort(prefixes, kind="stable")
+
+
+def murmur2_reheaded(keys: pa.Array, skip: int, header: bytes) -> np.ndarray | None:
+    """Kafka's murmur2 (uint32) of each key with its first `skip` bytes replaced by `header`
+    (a storage key as the Kafka key it stands for), in one pass; None without the
+    compiled module (the caller then builds the Kafka keys)."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if not USE_NATIVE or keys.null_count or keys.type != pa.binary():
+        return None
+    offsets, data = _buffers(keys)
+    return np.frombuffer(_native.murmur2_keys(offsets, data, skip, header), np.uint32, len(keys))
 
 
 def take_bytes(values: pa.Array, order: np.ndarray | None = None) -> list[bytes]:

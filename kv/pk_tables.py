@@ -35,6 +35,7 @@ from fluvial.broker.tables import Bucket, Table
 from fluvial.errors import InvalidConfigError, InvalidRecordError, InvalidRequestError, InvalidTableError, StorageError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec, SnapshotInfo, SnapshotStore
 from fluvial.kv.bucketing import FEW_KEYS, BucketFunction, buckets_of
+from fluvial.kv.batch_io import murmur2_reheaded
 from fluvial.kv.durable_view import DurableView
 from fluvial.kv.row_codec import DATA_PREFIX
 from fluvial.kv.change_types import FIRST_HIDDEN, parse_changes
@@ -206,6 +207,11 @@ class PkTable:
                 self._kafka_header = bytes([0]) + int(self.key_format.schema_id).to_bytes(4, "big")
         if not self._kafka_header:
             return self.bucket_ids(keys)
+        if self.bucket_function == BucketFunction.MURMUR2 and len(storage_keys) > FEW_KEYS:
+            # Hashed straight off the storage keys (kv/batch_io.py): no Kafka keys built.
+            h = murmur2_reheaded(storage_keys, len(DATA_PREFIX), self._kafka_header)
+            if h is not None:
+                return ((h & np.uint32(0x7FFFFFFF)) % np.uint32(len(self.table.buckets))).astype(np.int32)
         kafka = reheaded(storage_keys, len(DATA_PREFIX), self._kafka_header)
         return buckets_of(kafka, len(self.table.buckets), self.bucket_function)
 
@@ -1212,8 +1218,21 @@ def lookup(table: Table, keys: pa.Table | pa.RecordBatch | list[dict], *,
     if keys.num_rows == 0:
         return pk.schema.empty_table()
     storage = pk.layout.storage_keys(keys)  # the key columns encoded once, a batch at a time
-    return _read_buckets(table, pk, storage, lambda tablet, part, durable: tablet.rows_of(part, durable), wait_durable,
-                         pk.bucket_ids_of_keys(keys, storage))
+    found = _read_buckets(table, pk, storage, lambda tablet, part, durable: (tablet, tablet.values_of(part, durable)),
+                          wait_durable, pk.bucket_ids_of_keys(keys, storage))
+    return _decode_found(found)
+
+
+def _decode_found(found: list[tuple[KvTablet, pa.Array]]) -> pa.Table:
+    """The rows of the values read per bucket, decoded in one batch when the buckets'
+    tablets number row schemas alike (always, short of a bucket that missed a schema
+    change): the decoder's fixed cost is paid once per lookup, and the answer is one
+    record batch."""
+    first = found[0][0]
+    if len(found) == 1 or all(first.same_codec(t) for t, _ in found[1:]):
+        values = found[0][1] if len(found) == 1 else pa.concat_arrays([v for _, v in found])
+        return first._rows_table(values)
+    return pa.concat_tables([t._rows_table(v) for t, v in found])
 
 
 def prefix_lookup(table: Table, prefixes: pa.Table | pa.RecordBatch | list[dict], *,
@@ -1253,6 +1272,8 @@ def _read_buckets(table: Table, pk: PkTable, keys: pa.Table | pa.Array, read, wa
     fence = read_fence(table, fenced)
     if fence:
         wait_durable(table, fence)
+    if parts and isinstance(parts[0], tuple):
+        return parts  # (tablet, values) per bucket: the caller decodes
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 

@@ -634,10 +634,21 @@ class KvTablet:
         """The current rows of storage keys (`layout.storage_keys`), in the order asked;
         keys without a row are left out. One sorted multi-get, one batch decode. With
         `durable`: as of the durable changelog."""
+        return self._rows_table(self.values_of(keys, durable))
+
+    def values_of(self, keys: pa.Array, durable: "DurableView | None" = None) -> pa.BinaryArray:
+        """The stored values (`codec.decode` reads them) of the storage keys that have a
+        row, in the order asked: `rows_of` before decoding."""
         found = self.multi_get(keys)
         if durable is not None:
             found = durable.rewind(keys, found)
-        return self._rows_table(found.drop_null())
+        return found.drop_null() if found.null_count else found
+
+    def same_codec(self, other: "KvTablet") -> bool:
+        """Whether `other` numbers row schemas as this tablet does (their values decode alike)."""
+        a, b = self.codec, other.codec
+        return a is b or (a.number == b.number and a.schemas.keys() == b.schemas.keys()
+                          and all(a.schemas[n].equals(b.schemas[n]) for n in a.schemas))
 
     def prefix_lookup(self, prefixes: pa.RecordBatch | pa.Table, durable: "DurableView | None" = None) -> pa.Table:
         """The current rows whose bucket-key columns equal one of the given prefixes. With

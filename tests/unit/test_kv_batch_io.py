@@ -47,8 +47,10 @@ def test_key_order_sorts_bytes(keys, skip):
     order = batch_io.key_order(arr, skip)
     assert sorted(order.tolist()) == list(range(len(keys)))
     ordered = [keys[i] for i in order]
-    # Exact byte order for keys of up to skip + 8 bytes; longer ones only grouped by prefix.
-    assert [k[:skip + 8] for k in ordered] == sorted(k[:skip + 8] for k in keys)
+    # Byte order of the first skip + 8 bytes (zero-padded); beyond them ties keep positions.
+    def head(k):
+        return k[:skip + 8].ljust(skip + 8, b"\0")
+    assert [head(k) for k in ordered] == sorted(head(k) for k in keys)
 
 
 @settings(max_examples=120, deadline=None)
@@ -114,3 +116,22 @@ def test_the_fallback_gives_the_same_answers(monkeypatch):
     assert compiled[0].equals(fallback[0]) and compiled[1] == fallback[1]
     assert [keys[int(i)].as_py() for i in compiled[2]] == [keys[int(i)].as_py() for i in fallback[2]]
     assert compiled[3].equals(fallback[3])
+
+
+@native
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=40), min_size=0, max_size=40), st.binary(max_size=6))
+def test_murmur2_of_reheaded_keys_equals_the_kafka_key_hash(keys, header):
+    from fluvial.kv.bucketing import murmur2_array
+    from fluvial.kv.pk_tables import reheaded
+    arr = pa.array(keys, pa.binary())
+    expected = murmur2_array(reheaded(arr, 1, header)) if keys else np.zeros(0, np.uint32)
+    assert batch_io.murmur2_reheaded(arr, 1, header).tolist() == expected.tolist()
+
+
+@native
+def test_murmur2_refuses_keys_shorter_than_their_header():
+    from fluvial.kv import _kvbatch
+    offsets, data = batch_io._buffers(pa.array([b"ab", b""], pa.binary()))
+    with pytest.raises(ValueError, match="shorter"):
+        _kvbatch.murmur2_keys(offsets, data, 1, b"\x00")
