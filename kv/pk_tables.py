@@ -194,6 +194,13 @@ class PkTable:
                 _select(rows, in_schema_order(self.schema, self.layout.bucket_key), self.schema))
         return buckets_of(keys, len(self.table.buckets), self.bucket_function)
 
+    def row_bucket_ids(self, rows: pa.RecordBatch | pa.Table) -> np.ndarray:
+        """`bucket_ids` of written rows: integer primary keys are hashed off their storage
+        keys (one compiled pass each, kv/batch_io.py) instead of through Avro-encoded Kafka keys."""
+        if self.layout._long_key and rows.num_rows > FEW_KEYS:
+            return self.bucket_ids_of_keys(rows, self.layout.storage_keys(rows))
+        return self.bucket_ids(rows)
+
     def bucket_ids_of_keys(self, keys: pa.Table, storage_keys: pa.Array) -> np.ndarray:
         """`bucket_ids` of lookup keys whose storage keys are known: with an Avro key format
         and the primary key in schema order (the bucket key), a row's Kafka key is its
@@ -881,7 +888,7 @@ def _append(pk: PkTable, bucket: Bucket, write, stored: pa.RecordBatch | None, m
 
 def _check_bucket(pk: PkTable, rows: pa.RecordBatch, index: int) -> None:
     pk.layout.check_keys(rows)
-    expected = pk.bucket_ids(rows)
+    expected = pk.row_bucket_ids(rows)
     wrong = np.flatnonzero(expected != index)
     if wrong.size:
         i = int(wrong[0])
@@ -944,7 +951,7 @@ async def write_table_rows(table: Table, rows: pa.RecordBatch | pa.Table, *, del
                                                | (changes == ChangeType.DELETE)).any())
     pk.spec.check_write(rows.schema.names, deletes=deletes is not None and bool(np.asarray(deletes).any()),
                         partial_columns=partial_columns, retractions=retracting)
-    ids = pk.bucket_ids(rows)
+    ids = pk.row_bucket_ids(rows)
     parts = []
     for b in np.unique(ids).tolist():
         sel = np.flatnonzero(ids == b)
