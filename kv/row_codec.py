@@ -19,7 +19,7 @@ from fluvial.errors import InvalidRecordError
 from fluvial.kv.batch_io import long_keys
 from fluvial.schema import avro_binary
 from fluvial.schema.arrow_mapping import arrow_to_avro
-from fluvial.schema.avro_binary import DecodeErrors, decode_avro, encode_avro, pad
+from fluvial.schema.avro_binary import DecodeErrors, decode_avro, encode_avro
 from fluvial.schema.evolution import evolve_array
 from fluvial.schema.registry import parse_schema
 
@@ -49,19 +49,22 @@ def struct_of(data: pa.RecordBatch | pa.Table | pa.StructArray) -> pa.StructArra
     return data
 
 
-def binary_values(values: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(start, end, padded data) of a binary array's values."""
+def _value_bounds(values: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, data) of a binary array's values, the data not copied (the decoder
+    pads its own copy where it needs one)."""
     n = len(values)
     _, obuf, dbuf = values.buffers()
     offsets = np.frombuffer(obuf, np.int32, n + 1, values.offset * 4).astype(np.int64)
-    data = pad(np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8))
+    data = np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
     return offsets[:-1], offsets[1:], data
 
 
-def decode_bodies(schema: pa.Schema, values: pa.Array, skip: int, node=None) -> pa.StructArray:
+def decode_bodies(schema: pa.Schema, values: pa.Array, skip: int, node=None,
+                  bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> pa.StructArray:
     """Decode Avro row bodies (after `skip` header bytes) written with `schema` (whose
-    Avro node the caller may pass: it is then not looked up again)."""
-    start, end, data = binary_values(values)
+    Avro node the caller may pass: it is then not looked up again; `bounds`: the values'
+    `_value_bounds` when the caller has them)."""
+    start, end, data = bounds if bounds is not None else _value_bounds(values)
     errors = DecodeErrors(np.full(len(values), -1, np.int64))
     arr = decode_avro(node or avro_node(schema), data, start + skip, end, np.arange(len(values)), errors)
     problems = errors.by_record()
@@ -128,11 +131,15 @@ class RowCodec:
         n = len(values)
         if n == 0:
             return pa.array([], self._row_field.type)
-        start, _, data = binary_values(values)
+        bounds = _value_bounds(values)
+        start, end, data = bounds
+        short = np.flatnonzero(end - start < 2)
+        if short.size:
+            raise ValueError(f"stored row {int(short[0])} cannot be read: shorter than its 2-byte schema header")
         numbers = ((data[start].astype(np.int32) & 0x7F) << 8) | data[start + 1]
+        if numbers.min() == numbers.max():  # one row schema (the common case): no grouping
+            return self._decode_group(int(numbers[0]), values, bounds)
         uniq = np.unique(numbers)
-        if uniq.size == 1:
-            return self._decode_group(int(uniq[0]), values)
         parts, order = [], []
         for number in uniq:
             rows = np.flatnonzero(numbers == number)
@@ -142,7 +149,7 @@ class RowCodec:
         perm[np.concatenate(order)] = np.arange(n)
         return pa.concat_arrays(parts).take(pa.array(perm))
 
-    def _decode_group(self, number: int, values: pa.Array) -> pa.StructArray:
+    def _decode_group(self, number: int, values: pa.Array, bounds=None) -> pa.StructArray:
         schema = self.schemas.get(number)
         if schema is None:
             raise ValueError(f"stored row uses unknown row schema number {number}")
@@ -156,7 +163,7 @@ class RowCodec:
             node = self._nodes.get(number)
             if node is None:
                 node = self._nodes[number] = avro_node(schema)
-            arr = decode_bodies(schema, values, 2, node)
+            arr = decode_bodies(schema, values, 2, node, bounds)
         return evolve_array(arr, self._row_field) if number != self.number else arr
 
 
