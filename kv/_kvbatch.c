@@ -164,6 +164,73 @@ PyDoc_STRVAR(gather_bytes_doc,
 "data buffers (order: int64 positions).");
 
 static PyObject *
+take_binary(PyObject *self, PyObject *args)
+{
+    PyObject *o_off, *o_data, *o_rows, *offsets = NULL, *body = NULL, *result = NULL;
+    Py_buffer off, data, rows;
+    Py_ssize_t n, count, i, total = 0;
+
+    if (!PyArg_ParseTuple(args, "OOO:take_binary", &o_off, &o_data, &o_rows))
+        return NULL;
+    if (get_buffer(o_off, &off, 4, "offsets") < 0)
+        return NULL;
+    if (get_buffer(o_data, &data, 1, "data") < 0) {
+        PyBuffer_Release(&off);
+        return NULL;
+    }
+    if (get_buffer(o_rows, &rows, 8, "rows") < 0) {
+        PyBuffer_Release(&off);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    n = off.len / 4 - 1;
+    count = rows.len / 8;
+    {
+        const int32_t *o = (const int32_t *)off.buf;
+        const int64_t *r = (const int64_t *)rows.buf;
+        for (i = 0; i < count; i++) {
+            int64_t j = r[i];
+            if (j < 0 || j >= n || o[j] < 0 || o[j + 1] < o[j] || o[j + 1] > data.len) {
+                PyErr_Format(PyExc_IndexError, "position %lld is outside the %zd values", (long long)j, n);
+                goto done;
+            }
+            total += o[j + 1] - o[j];
+        }
+        offsets = PyBytes_FromStringAndSize(NULL, (count + 1) * 4);
+        body = PyBytes_FromStringAndSize(NULL, total ? total : 1);
+        if (offsets == NULL || body == NULL)
+            goto done;
+        {
+            int32_t *out_off = (int32_t *)PyBytes_AS_STRING(offsets);
+            char *out = PyBytes_AS_STRING(body);
+            const char *d = (const char *)data.buf;
+            Py_ssize_t pos = 0;
+            for (i = 0; i < count; i++) {
+                int64_t j = r[i];
+                Py_ssize_t len = o[j + 1] - o[j];
+                out_off[i] = (int32_t)pos;
+                memcpy(out + pos, d + o[j], (size_t)len);
+                pos += len;
+            }
+            out_off[count] = (int32_t)pos;
+        }
+        result = Py_BuildValue("(OO)", offsets, body);
+    }
+done:
+    Py_XDECREF(offsets);
+    Py_XDECREF(body);
+    PyBuffer_Release(&off);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&rows);
+    return result;
+}
+
+PyDoc_STRVAR(take_binary_doc,
+"take_binary(offsets, data, rows) -> (offsets, data)\n\n"
+"The buffers of the binary array holding values rows[0], rows[1], ... (int64 positions)\n"
+"of one given as its int32 offsets and data (no nulls).");
+
+static PyObject *
 scatter_bytes(PyObject *self, PyObject *args)
 {
     PyObject *values, *o_order, *offsets = NULL, *data = NULL, *validity = NULL, *result = NULL;
@@ -400,6 +467,7 @@ PyDoc_STRVAR(murmur2_keys_doc,
 static PyMethodDef methods[] = {
     {"encode_long_keys", encode_long_keys, METH_VARARGS, encode_long_keys_doc},
     {"gather_bytes", gather_bytes, METH_VARARGS, gather_bytes_doc},
+    {"take_binary", take_binary, METH_VARARGS, take_binary_doc},
     {"scatter_bytes", scatter_bytes, METH_VARARGS, scatter_bytes_doc},
     {"key_prefixes", key_prefixes, METH_VARARGS, key_prefixes_doc},
     {"murmur2_keys", murmur2_keys, METH_VARARGS, murmur2_keys_doc},

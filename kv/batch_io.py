@@ -70,6 +70,19 @@ def take_bytes(values: pa.Array, order: np.ndarray | None = None) -> list[bytes]
     return _native.gather_bytes(offsets, data, order)
 
 
+def take_binary(values: pa.Array, rows: np.ndarray) -> pa.Array:
+    """`values.take(rows)` for a binary array without nulls, in one pass (Arrow's `take`
+    costs tens of microseconds per call before any work)."""
+    rows = np.ascontiguousarray(rows, np.int64)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not USE_NATIVE or values.null_count or values.type != pa.binary():
+        return values.take(pa.array(rows))
+    offsets, data = _buffers(values)
+    new_offsets, body = _native.take_binary(offsets, data, rows)
+    return pa.Array.from_buffers(pa.binary(), len(rows), [None, pa.py_buffer(new_offsets), pa.py_buffer(body)])
+
+
 def binary_at(values: list[bytes | None], order: np.ndarray | None = None) -> pa.BinaryArray:
     """A binary array holding `values[i]` at position `order[i]` (a permutation; None:
     position i), null where a value is None."""

@@ -35,7 +35,7 @@ from fluvial.broker.tables import Bucket, Table
 from fluvial.errors import InvalidConfigError, InvalidRecordError, InvalidRequestError, InvalidTableError, StorageError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec, SnapshotInfo, SnapshotStore
 from fluvial.kv.bucketing import FEW_KEYS, BucketFunction, buckets_of
-from fluvial.kv.batch_io import murmur2_reheaded
+from fluvial.kv.batch_io import murmur2_reheaded, take_binary
 from fluvial.kv.durable_view import DurableView
 from fluvial.kv.row_codec import DATA_PREFIX
 from fluvial.kv.change_types import FIRST_HIDDEN, parse_changes
@@ -1265,7 +1265,9 @@ def _read_buckets(table: Table, pk: PkTable, keys: pa.Table | pa.Array, read, wa
     for b in buckets:
         bucket = table.buckets[b]
         bucket.tablet.check_online()  # an offline bucket's KV may hold unacknowledged rows
-        part = keys if len(buckets) == 1 else keys.take(pa.array(np.flatnonzero(ids == b)))
+        part = keys if len(buckets) == 1 else (
+            take_binary(keys, np.flatnonzero(ids == b)) if isinstance(keys, pa.Array)
+            else keys.take(pa.array(np.flatnonzero(ids == b))))
         # Under flush policy ack, rows as of the durable changelog: no wait for an fsync
         # under way. A bucket whose durable offset is still below what its KV tablet held
         # when it opened waits for it instead.

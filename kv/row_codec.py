@@ -200,7 +200,8 @@ class KeyLayout:
     def check_keys(self, data: pa.RecordBatch | pa.Table, what: str = "row", columns: list[str] | None = None) -> None:
         """Refuse batches without every key column, or with a null in one (InvalidRecordError)."""
         columns = columns or self.primary_key
-        missing = [c for c in columns if c not in data.schema.names]
+        names = data.schema.names  # built anew by every access
+        missing = [c for c in columns if c not in names]
         if missing:
             raise InvalidRecordError(f"{what}s lack primary-key column(s) {missing} (primary key {self.primary_key})")
         for c in columns:

@@ -172,3 +172,16 @@ def test_malformed_stored_values_give_a_clear_error():
                          ([b"\x7f\x7f" + good[0][2:]], "unknown row schema number")):
         with pytest.raises(ValueError, match=message):
             codec.decode(pa.array(good + bad, pa.binary()))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.binary(max_size=20), min_size=1, max_size=40), st.randoms(use_true_random=False))
+def test_take_binary_equals_arrow_take(values, rnd):
+    arr = pa.array(values, pa.binary()).slice(1)
+    rows = np.array([rnd.randrange(len(arr)) for _ in range(rnd.randrange(0, 30))] if len(arr) else [], np.int64)
+    out = batch_io.take_binary(arr, rows)
+    out.validate(full=True)
+    assert out.to_pylist() == arr.take(pa.array(rows, pa.int64())).to_pylist()
+    if batch_io.USE_NATIVE and len(arr):
+        with pytest.raises(IndexError, match="outside"):
+            batch_io.take_binary(arr, np.array([len(arr)], np.int64))
