@@ -76,6 +76,9 @@ class LogTable(TableKind):
             return None
         return bucket.tablet.append(write, meta, leader_epoch=bucket.leader_epoch)
 
+    def appends_in_thread(self, table) -> bool:
+        return not table.compacted
+
     def appended_in_thread(self, broker, bucket, written: BatchMeta, *, wire: bytearray | None) -> None:
         bucket.appended_off_loop()
         _cache_wire(broker, bucket, written, wire)

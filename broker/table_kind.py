@@ -77,6 +77,11 @@ class TableKind:
         calls `appended_in_thread` on the loop."""
         return None
 
+    def appends_in_thread(self, table) -> bool:
+        """Whether `append_in_thread` appends this table's batches (the produce handler then
+        pipelines a producer's large requests, see broker/handlers/produce.py)."""
+        return False
+
     def appended_in_thread(self, broker, bucket, written: "BatchMeta", *, wire: bytearray | None) -> None:
         """On the loop, after `append_in_thread` wrote `written`: what `append_produced`
         does after its append (readers woken or the flush requested, the wire cache)."""

@@ -7,7 +7,10 @@ response; acks=all waits for the bucket's group-commit fsync (flush policy "ack"
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import logging
+import weakref
 from dataclasses import dataclass
 
 from fluvial.broker import kafka_batches
@@ -29,6 +32,11 @@ PartitionResponse = R.TopicProduceResponse.PartitionProduceResponse
 
 # Batches smaller than this are converted on the loop: a thread hop costs more.
 INLINE_CONVERT_BYTES = 16 * 1024
+
+# Requests of a bucket whose batches are converted and appended on the executor that may be
+# under way at once (see _Pipeline): one appending while the next is decoded and the loop
+# receives a third. More would only hold more request buffers.
+PIPELINE_DEPTH = 2
 
 
 @dataclass
@@ -126,6 +134,55 @@ def _convert_and_append(part: _Part, log_append_time: int | None) -> None:
         part.converted = exc
 
 
+class _Pipeline:
+    """The requests of one bucket whose batches are converted and appended on the executor
+    and not finished yet, oldest first.
+
+    A produce request of large batches (nothing about them checked on the loop, see
+    `_appends_off_loop`) is answered later (a Deferred) instead of holding its connection's
+    reader until its append is written: the loop receives the next request and the
+    executor decodes it while the previous one is compressed and written, so the decode,
+    the storage encoding and the request reading of one producer's stream overlap on the
+    cores. Appends stay in request order: each job appends only once the bucket's previous
+    job (its concurrent future, done also when cancelled before it ran) has finished, and a
+    request appended on the loop first waits for the bucket's pipelined jobs."""
+
+    __slots__ = ("jobs", "tail")
+
+    def __init__(self) -> None:
+        self.jobs: collections.deque = collections.deque()  # (concurrent.futures.Future, asyncio.Future)
+        self.tail: concurrent.futures.Future | None = None  # the job the next one appends after
+
+    async def settle(self, depth: int) -> None:
+        """Wait until fewer than ``depth`` jobs are under way (0: none)."""
+        jobs = self.jobs
+        while jobs:
+            job, waiter = jobs[0]
+            if not job.done():
+                if len(jobs) < depth:
+                    return
+                await asyncio.wait((waiter,))
+            if jobs and jobs[0][0] is job:
+                jobs.popleft()
+
+
+_pipelines: "weakref.WeakKeyDictionary[object, _Pipeline]" = weakref.WeakKeyDictionary()
+
+
+def _append_after(part: _Part, log_append_time: int | None, before: concurrent.futures.Future | None) -> None:
+    """Convert (in parallel with the bucket's previous job), then append after it."""
+    _convert(part, log_append_time)
+    if before is not None:
+        concurrent.futures.wait((before,))
+    if isinstance(part.converted, FluvialError):
+        return
+    records, meta = part.converted
+    try:
+        part.written = part.bucket.table.kind.append_in_thread(part.bucket, records, meta)
+    except FluvialError as exc:
+        part.converted = exc
+
+
 async def _admit_transactional(ctx: RequestContext, transactional_id: str | None, part: _Part, meta) -> bool:
     """A transactional batch goes in only as part of its producer's ongoing transaction,
     with that partition added to it (Kafka 4.x's partition verification). True when the
@@ -186,6 +243,25 @@ async def produce(ctx: RequestContext, request):
            if p.bucket.table.config("message.timestamp.type") == "LogAppendTime"}
     loop = asyncio.get_running_loop()
     coalesced = acks == -1 and broker.config.flush_policy == "ack"
+    if big and not small and all(_appends_off_loop(p, lat.get(p.topic), coalesced)
+                                 and p.bucket.table.kind.appends_in_thread(p.bucket.table) for p in big):
+        pending = []
+        for p in big:
+            pipeline = _pipelines.get(p.bucket)
+            if pipeline is None:
+                pipeline = _pipelines[p.bucket] = _Pipeline()
+            await pipeline.settle(PIPELINE_DEPTH)
+            job = broker.cpu_executor.submit(_append_after, p, lat.get(p.topic), pipeline.tail)
+            waiter = asyncio.wrap_future(job)
+            pipeline.jobs.append((job, waiter))
+            pipeline.tail = job
+            pending.append(waiter)
+        return Deferred(_respond_when_written(ctx, request, parts, todo, lat, pending))
+    if _pipelines:
+        for p in todo:
+            pipeline = _pipelines.get(p.bucket)
+            if pipeline is not None and pipeline.jobs:
+                await pipeline.settle(0)  # appended after the pipelined requests before it
     pending = [loop.run_in_executor(
         broker.cpu_executor, _convert_and_append if _appends_off_loop(p, lat.get(p.topic), coalesced) else _convert,
         p, lat.get(p.topic)) for p in big]
@@ -193,6 +269,22 @@ async def produce(ctx: RequestContext, request):
         _convert(p, lat.get(p.topic), coalesced)
     if pending:
         await asyncio.gather(*pending)
+    return await _respond(ctx, request, parts, todo, lat)
+
+
+async def _respond_when_written(ctx: RequestContext, request, parts: list[_Part], todo: list[_Part],
+                                lat: dict[str, int], pending: list[asyncio.Future]):
+    """A pipelined request's answer: once its batches are appended (and, with acks=all,
+    durable)."""
+    await asyncio.gather(*pending)
+    result = await _respond(ctx, request, parts, todo, lat)
+    return await result.awaitable if isinstance(result, Deferred) else result
+
+
+async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[_Part], lat: dict[str, int]):
+    """Append what the executor did not, then the answer (a Deferred when it waits for fsync)."""
+    broker = ctx.broker
+    acks = request.acks
 
     producer_state = broker.extensions.get("producer_state")
     durable_waits = []
