@@ -227,7 +227,13 @@ KAFKA_JVM_OPTS = (
 
 def kraft_server_properties(log_dir: Path, port: int, controller_port: int) -> str:
     """A single-node combined broker/controller, otherwise the stock config/server.properties:
-    in particular no log.flush.* settings, so durability is the page cache, as Kafka ships."""
+    in particular no log.flush.* settings, so durability is the page cache, as Kafka ships.
+
+    One setting differs from Kafka's defaults and none of its measured paths: a deleted
+    topic's files are removed at once (file.delete.delay.ms=0, default 60 s). With the delay,
+    the files of a topic a case deleted were removed a minute later, in the middle of the
+    next system's case, whose fsyncs then waited for that deletion's journal commit and
+    discards."""
     return f"""\
 process.roles=broker,controller
 node.id=1
@@ -254,6 +260,7 @@ group.initial.rebalance.delay.ms=0
 log.retention.hours=168
 log.segment.bytes=1073741824
 log.retention.check.interval.ms=300000
+file.delete.delay.ms=0
 """
 
 
@@ -331,6 +338,7 @@ def start_kafka_from_docker(workdir: Path, spec: SystemSpec = KAFKA, timeout_s: 
         "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
         "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR": "1",
         "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+        "KAFKA_FILE_DELETE_DELAY_MS": "0",  # as kraft_server_properties says
     }
     for key, value in settings.items():
         container.with_env(key, value)
@@ -367,12 +375,14 @@ def _fluvial_options() -> str:
 
 
 def start_fluvial(workdir: Path, spec: SystemSpec, timeout_s: float = 60.0, extra_args: Sequence[str] = (),
-                  client_config: dict[str, object] | None = None) -> RunningBroker:
+                  client_config: dict[str, object] | None = None,
+                  command: Sequence[str] | None = None) -> RunningBroker:
     """`extra_args` go to `fluvial broker` as they are (e.g. security settings); `client_config`
-    is what a client needs to reach the Kafka listener they configure."""
+    is what a client needs to reach the Kafka listener they configure; `command` replaces
+    `fluvial broker` (a broker with probes, benchmarks/e2e_trace.py)."""
     port = free_port()
     data_dir = workdir / "data"
-    cmd = [*fluvial_command(), "--data-dir", str(data_dir), "--host", "127.0.0.1", "--kafka-port", str(port)]
+    cmd = [*(fluvial_command() if command is None else command), "--data-dir", str(data_dir), "--host", "127.0.0.1", "--kafka-port", str(port)]
     if spec.flush_policy is not None:
         cmd += ["--flush-policy", spec.flush_policy]
     # Several brokers run side by side: every other listener must get its own free port too.

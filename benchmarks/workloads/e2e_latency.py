@@ -41,6 +41,12 @@ LOAD = Metric("load average (1 min)", "load", False)
 BROKER_CPU = Metric("broker CPU", "% of a core", False)
 FSYNCS_PER_S = Metric("fsyncs/s", "fsyncs/s", False)
 SLOW_FSYNCS = Metric("fsyncs over 10 ms", "%", False)
+# Everything the machine wrote to its disks during the measured window (all processes): a
+# window whose writes are far above the broker's own (about 1 MB/s at 5,000 records/s) shared
+# the disk with other work, and every fsync then also waits for that work's data (a device
+# cache flush covers all of it). Measured: 60 MB of another process's writeback put 90-110 ms
+# fsyncs into a 5 ms fdatasync loop.
+DISK_WRITES = Metric("disk writes in window", "MB", False)
 
 
 def _measured_seconds(scale: Scale) -> int:
@@ -62,6 +68,7 @@ def _consume(bootstrap: str, topic: str, partitions: int, expected: int, out_pat
     # until n arrived or its timeout passed.
     sent = np.empty(expected, dtype=np.int64)
     received = np.empty(expected, dtype=np.int64)
+    offsets = np.empty(expected, dtype=np.int64)  # which record: benchmarks/e2e_trace.py follows it in the broker
     count = 0
     seen_any = False
     deadline = time.monotonic() + timeout_s
@@ -81,19 +88,29 @@ def _consume(bootstrap: str, topic: str, partitions: int, expected: int, out_pat
             if phase == _MEASURED:
                 sent[count] = send_ns
                 received[count] = now
+                offsets[count] = msg.offset()
                 count += 1
     finally:
         consumer.close()
-    # Send and receive times (ns since the epoch), one row each: latencies, and when they happened.
-    np.save(out_path, np.stack([sent[:count], received[:count]]))
+    # Send and receive times (ns since the epoch) and offsets, one row each: latencies, and
+    # when they happened.
+    np.save(out_path, np.stack([sent[:count], received[:count], offsets[:count]]))
 
 
-def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None) -> dict[str, float]:
-    """One run at `rate` records/s; `keep` saves the send and receive times there (.npy)."""
+def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None,
+         seconds: int | None = None) -> dict[str, float]:
+    """One run at `rate` records/s for `seconds` (default: the scale's); `keep` saves the send
+    and receive times and offsets there (.npy, one row each)."""
     from confluent_kafka import Producer
 
-    measured_count = rate * _measured_seconds(scale)
-    timeout_s = _measured_seconds(scale) + scale.timeout_s
+    seconds = _measured_seconds(scale) if seconds is None else seconds
+    measured_count = rate * seconds
+    timeout_s = seconds + scale.timeout_s
+    # The previous run (another system, alternating) may have left tens of MB in the page
+    # cache (Kafka and flush policy `none` do not fsync): written back 30 s later by the
+    # kernel, during this run, they would stall this run's fsyncs. Each run starts with
+    # them on disk, so that no system is measured with another's writeback.
+    os.sync()
     topic = clients.unique_name("e2e-latency")
     clients.create_topic(broker.bootstrap, topic, scale.partitions, scale.admin_timeout_s)
     ctx = multiprocessing.get_context("spawn")
@@ -120,11 +137,13 @@ def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None
                    deadline=time.monotonic() + scale.timeout_s)
             fsyncs_before = _fsync_histogram(broker)
             cpu_before = _cpu_seconds(broker.pid)
+            disk_before = _disk_write_bytes()
             start = time.perf_counter()
             _paced(producer, topic, padding, _MEASURED, rate, until=lambda sent: sent >= measured_count,
                    deadline=time.monotonic() + timeout_s)
             send_seconds = time.perf_counter() - start
             cpu_after = _cpu_seconds(broker.pid)
+            disk_after = _disk_write_bytes()
             fsyncs_after = _fsync_histogram(broker)
             producer.flush(30)
             consumer.join(timeout_s)
@@ -148,6 +167,8 @@ def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None
                LOAD.name: os.getloadavg()[0]}
     if cpu_before is not None and cpu_after is not None:
         figures[BROKER_CPU.name] = 100 * (cpu_after - cpu_before) / send_seconds
+    if disk_before is not None and disk_after is not None:
+        figures[DISK_WRITES.name] = (disk_after - disk_before) / 1e6
     if fsyncs_before is not None and fsyncs_after is not None:
         count = fsyncs_after["+Inf"] - fsyncs_before["+Inf"]
         fast = fsyncs_after["0.01"] - fsyncs_before["0.01"]
@@ -164,6 +185,16 @@ def _cpu_seconds(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _disk_write_bytes() -> int | None:
+    """Bytes written to all disks so far (every process); None where psutil cannot tell."""
+    try:
+        import psutil
+        counters = psutil.disk_io_counters(perdisk=False)
+    except (ImportError, OSError, RuntimeError):
+        return None
+    return None if counters is None else counters.write_bytes
 
 
 def _fsync_histogram(broker: RunningBroker) -> dict[str, float] | None:
@@ -221,7 +252,7 @@ WORKLOAD = Workload(
                 f"{VALUE_SIZE} B values, acks=all, "
                 "linger.ms=5: from the producer's produce() call to the consumer (another process) "
                 "receiving the record; p50/p99/p99.9 over the measured records (warm-up excluded).",
-    metrics=(P50, P99, P999, ACHIEVED_RATE, LOAD, BROKER_CPU, FSYNCS_PER_S, SLOW_FSYNCS),
+    metrics=(P50, P99, P999, ACHIEVED_RATE, LOAD, BROKER_CPU, FSYNCS_PER_S, SLOW_FSYNCS, DISK_WRITES),
     cases=cases,
     settings=settings,
 )
