@@ -391,6 +391,8 @@ def start_fluvial(workdir: Path, spec: SystemSpec, timeout_s: float = 60.0, extr
     for flag, listener_port in listeners.items():
         cmd += [flag, str(listener_port)]
     cmd += list(extra_args)
+    # Diagnostics: more broker options from the environment (e.g. --event-loop asyncio for an A/B run).
+    cmd += os.environ.get("FLUVIAL_BENCH_BROKER_ARGS", "").split()
     log_path = workdir / "fluvial.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)

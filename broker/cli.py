@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from fluvial.broker import event_loop
 from fluvial.broker.config import BrokerConfig
 from fluvial.errors import BrokerStartError
 from fluvial.security.options import add_security_arguments, expand_config_file, security_from_args
@@ -51,6 +52,9 @@ def add_broker_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--slow-callback-ms", type=int, default=d.slow_callback_ms,
                    help="diagnostics: log every event-loop step longer than this, naming it (asyncio debug "
                         "mode, slower); 0 = off")
+    p.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default=d.event_loop,
+                   help="the broker's event loop: asyncio's (default) or uvloop's (libuv, in C); "
+                        "auto = uvloop when installed and no listener uses TLS")
     p.add_argument("--flush-policy", choices=["ack", "interval", "none"], default=d.flush_policy,
                    help="ack: acks=all produce is fsynced before acknowledged (default); interval: every "
                         "--flush-interval-ms; none: left to the OS, like Kafka's default")
@@ -112,7 +116,7 @@ def config_from_args(args, parser: argparse.ArgumentParser | None = None) -> Bro
                         auto_create_topics=args.auto_create_topics == "true",
                         default_partitions=args.default_partitions, max_request_bytes=args.max_request_bytes,
                         connections_max_idle_ms=args.connections_max_idle_ms,
-                        slow_callback_ms=args.slow_callback_ms,
+                        slow_callback_ms=args.slow_callback_ms, event_loop=args.event_loop,
                         flush_policy=args.flush_policy, flush_interval_ms=args.flush_interval_ms,
                         retention_check_interval_ms=args.retention_check_interval_ms,
                         log_cleaner_backoff_ms=args.log_cleaner_backoff_ms,
@@ -165,6 +169,7 @@ async def run_broker(config: BrokerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await broker.start()
+    logging.getLogger("fluvial").info("event loop: %s", event_loop.running_loop_name())
     # A line tests and scripts can wait for.
     print(json.dumps({"event": "ready", "kafka_port": broker.kafka_port, **broker.ports}), flush=True)
     await stop.wait()
@@ -193,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args, broker_parser)
         setup_logging(args.log_level, args.log_format)
         try:
-            asyncio.run(run_broker(config))
+            sec = config.security
+            event_loop.run(run_broker(config), config.event_loop, debug=config.slow_callback_ms > 0,
+                           tls=sec.kafka_tls or sec.http_tls or sec.flight_tls)
         except BrokerStartError as exc:
             logging.getLogger("fluvial").error("cannot start: %s", exc)
             return 1

@@ -30,6 +30,9 @@ class BrokerConfig:
     # > 0: asyncio debug mode, logging every event-loop step that runs longer than this
     # (with the task or callback that ran), to find what blocks the loop. Slows the broker.
     slow_callback_ms: int = 0
+    # The event loop: "asyncio", "uvloop" or "auto" (uvloop when installed and no listener
+    # uses TLS); see broker/event_loop.py for why asyncio's stays the default.
+    event_loop: str = "asyncio"
     # fsync policy of log tablets: "ack" (acks=all produce is fsynced before it is
     # acknowledged), "interval" (every flush_interval_ms), "none" (left to the OS).
     flush_policy: str = "ack"

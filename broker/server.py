@@ -189,18 +189,24 @@ class KafkaServer:
         max_bytes = self.broker.config.max_request_bytes
         loop = asyncio.get_running_loop()
         while True:
-            (size,) = _SIZE.unpack(await reader.readexactly(4))
-            if size < 0 or size > max_bytes:
-                raise CloseConnection(f"request of {size} bytes is larger than max.request.bytes={max_bytes}")
             auth = conn.auth
-            if auth is not None and size > auth.max_receive:
-                # Before authentication a client may not make the broker buffer much (Kafka's
-                # sasl.server.max.receive.size).
-                raise CloseConnection(f"request of {size} bytes before SASL authentication completed "
-                                      f"(at most {auth.max_receive})")
-            # A request still arriving does not count as in progress: a client that stops
-            # half-way is closed when idle, and the partial request's buffer freed.
-            frame = memoryview(await reader.read_frame(size))
+            # A request already received whole is taken at once (within the same limits).
+            buffered = reader.take_buffered_frame(max_bytes if auth is None else min(max_bytes, auth.max_receive))
+            if buffered is not None:
+                frame = memoryview(buffered)
+            else:
+                (size,) = _SIZE.unpack(await reader.readexactly(4))
+                if size < 0 or size > max_bytes:
+                    raise CloseConnection(f"request of {size} bytes is larger than max.request.bytes={max_bytes}")
+                auth = conn.auth
+                if auth is not None and size > auth.max_receive:
+                    # Before authentication a client may not make the broker buffer much (Kafka's
+                    # sasl.server.max.receive.size).
+                    raise CloseConnection(f"request of {size} bytes before SASL authentication completed "
+                                          f"(at most {auth.max_receive})")
+                # A request still arriving does not count as in progress: a client that stops
+                # half-way is closed when idle, and the partial request's buffer freed.
+                frame = memoryview(await reader.read_frame(size))
             conn.in_progress += 1
             conn.last_active = loop.time()
             started = time.perf_counter()

@@ -1,6 +1,8 @@
 """Frame reading (broker/frames.py) over a real loopback connection: every frame arrives
 whole and in order however the bytes are split, large frames land in their own writable
-buffer, and a connection closed mid-frame ends the read with IncompleteReadError."""
+buffer, and a connection closed mid-frame ends the read with IncompleteReadError; on
+asyncio's loop (bytes received into the protocol's buffers) and on uvloop's (bytes handed
+over), and whether frames already buffered are taken at once or read the long way."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +13,19 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fluvial.broker import frames
+from fluvial.broker import event_loop, frames
+
+LOOPS = ["asyncio"] + (["uvloop"] if event_loop.uvloop_available() else [])
+
+
+async def _next_frame(reader: frames.FrameReader, take_buffered: bool) -> bytearray:
+    """The next frame, as the Kafka listener reads it (taken whole when buffered) or the long way."""
+    if take_buffered:
+        frame = reader.take_buffered_frame(1 << 30)
+        if frame is not None:
+            return frame
+    (size,) = struct.unpack(">i", await reader.readexactly(4))
+    return await reader.read_frame(size)
 
 
 async def _serve(handler):
@@ -23,7 +37,9 @@ def _framed(payloads: list[bytes]) -> bytes:
     return b"".join(struct.pack(">i", len(p)) + p for p in payloads)
 
 
-def test_frames_arrive_whole_in_any_split():
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("take_buffered", [False, True])
+def test_frames_arrive_whole_in_any_split(loop, take_buffered):
     rng = random.Random(7)
     sizes = [0, 1, 5, 4096, frames.DIRECT_FRAME_BYTES - 1, frames.DIRECT_FRAME_BYTES, 200_000, 3, 1_500_000, 17,
              frames.DIRECT_FRAME_BYTES + 1, 64 * 1024, 10]
@@ -37,8 +53,7 @@ def test_frames_arrive_whole_in_any_split():
         async def handler(reader: frames.FrameReader, writer):
             try:
                 while True:
-                    (size,) = struct.unpack(">i", await reader.readexactly(4))
-                    received.append(await reader.read_frame(size))
+                    received.append(await _next_frame(reader, take_buffered))
             except asyncio.IncompleteReadError:
                 pass
             finally:
@@ -61,21 +76,21 @@ def test_frames_arrive_whole_in_any_split():
         await server.wait_closed()
         return received
 
-    received = asyncio.run(run())
+    received = event_loop.run(run(), loop)
     assert [bytes(r) for r in received] == payloads
     assert all(isinstance(r, bytearray) for r in received)  # the handler may patch them in place
 
 
+@pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("size", [100, 1_000_000])
-def test_connection_closed_mid_frame(size):
+def test_connection_closed_mid_frame(size, loop):
     async def run():
         outcome: list[BaseException | bytearray] = []
         done = asyncio.Event()
 
         async def handler(reader, writer):
             try:
-                (n,) = struct.unpack(">i", await reader.readexactly(4))
-                outcome.append(await reader.read_frame(n))
+                outcome.append(await _next_frame(reader, True))
             except BaseException as exc:  # noqa: BLE001 - the test looks at what it was
                 outcome.append(exc)
             finally:
@@ -93,12 +108,13 @@ def test_connection_closed_mid_frame(size):
         await server.wait_closed()
         return outcome
 
-    (outcome,) = asyncio.run(run())
+    (outcome,) = event_loop.run(run(), loop)
     assert isinstance(outcome, asyncio.IncompleteReadError)
     assert outcome.expected == size and len(outcome.partial) == size // 2
 
 
-def _round_trip(payloads: list[bytes], chunks: list[int]) -> list[bytes]:
+def _round_trip(payloads: list[bytes], chunks: list[int], loop: str = "asyncio",
+                take_buffered: bool = False) -> list[bytes]:
     """Send the framed payloads in chunks of the given sizes (cycled); the frames read back."""
     stream = _framed(payloads)
 
@@ -109,8 +125,7 @@ def _round_trip(payloads: list[bytes], chunks: list[int]) -> list[bytes]:
         async def handler(reader: frames.FrameReader, writer):
             try:
                 while True:
-                    (size,) = struct.unpack(">i", await reader.readexactly(4))
-                    received.append(bytes(await reader.read_frame(size)))
+                    received.append(bytes(await _next_frame(reader, take_buffered)))
             except asyncio.IncompleteReadError:
                 pass
             finally:
@@ -131,17 +146,44 @@ def _round_trip(payloads: list[bytes], chunks: list[int]) -> list[bytes]:
         await server.wait_closed()
         return received
 
-    return asyncio.run(run())
-
+    return event_loop.run(run(), loop)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sizes=st.lists(st.sampled_from([0, 1, 4, 100, frames.DIRECT_FRAME_BYTES - 1, frames.DIRECT_FRAME_BYTES,
                                        70_000, 300_000]) | st.integers(0, 100_000), min_size=1, max_size=6),
-       chunks=st.lists(st.integers(1, 400_000), min_size=1, max_size=5))
-def test_any_frames_in_any_chunks(sizes, chunks):
+       chunks=st.lists(st.integers(1, 400_000), min_size=1, max_size=5),
+       loop=st.sampled_from(LOOPS), take_buffered=st.booleans())
+def test_any_frames_in_any_chunks(sizes, chunks, loop, take_buffered):
     payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
-    assert _round_trip(payloads, chunks) == payloads
+    assert _round_trip(payloads, chunks, loop, take_buffered) == payloads
+
+
+def test_a_buffered_frame_over_the_limit_is_left_for_the_checked_path():
+    """take_buffered_frame never takes a frame larger than the limit (or a negative size):
+    it leaves the bytes for the listener's own read, which refuses them with its error."""
+    async def main():
+        reader = frames.FrameReader(1 << 20, asyncio.get_running_loop())
+        reader.feed_data(struct.pack(">i", 10) + b"x" * 10 + struct.pack(">i", -1) + b"y")
+        assert reader.take_buffered_frame(9) is None
+        assert bytes(reader.take_buffered_frame(10)) == b"x" * 10
+        assert reader.take_buffered_frame(1 << 30) is None
+        assert await reader.readexactly(5) == struct.pack(">i", -1) + b"y"
+    asyncio.run(main())
+
+
+def test_event_loop_choice():
+    assert event_loop.resolve("asyncio") == "asyncio"
+    assert event_loop.resolve("auto", debug=True) == "asyncio"
+    assert event_loop.resolve("auto", tls=True) == "asyncio"
+    assert event_loop.resolve("auto") == ("uvloop" if event_loop.uvloop_available() else "asyncio")
+    with pytest.raises(ValueError):
+        event_loop.resolve("trio")
+
+    async def name():
+        return event_loop.running_loop_name()
+    for loop in LOOPS:
+        assert event_loop.run(name(), loop) == loop
 
 
 def test_idle_connections_share_one_receive_buffer():
