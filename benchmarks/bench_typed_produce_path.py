@@ -4,10 +4,11 @@ bytes, for the compiled and the NumPy Avro decoder and each storage codec.
 
 Steps: `records` (Kafka records -> columns, `decode_records`), `avro` (values -> typed
 columns, `TypedValueFormat.to_columns`), `to_arrow` (the whole conversion, both of those
-included), `encode-<codec>` (statistics, Arrow IPC with buffer compression, checksum: what
-the log tablet writes), with the bytes written per record for each codec, and the IPC
+included), `statistics` (the batch's column bounds alone), `encode-<codec>` (statistics, Arrow
+IPC with buffer compression, checksum: what the log tablet writes), with the bytes written per record for each codec, and the IPC
 write alone at faster zstd levels and lz4 (`codec_choices`, bytes against the Kafka
-batch's). CPU time (process_time) per batch, median of --runs. Saves results/typed-produce-path.json.
+batch's), and zstd with a context per buffer (what Arrow's IPC writer does) against one block
+(`zstd_context_per_buffer`). CPU time (process_time) per batch, median of --runs. Saves results/typed-produce-path.json.
 
     python -m benchmarks.bench_typed_produce_path [--batch-records 5000] [--runs 7]
 """
@@ -32,7 +33,7 @@ from benchmarks.workloads.avro_common import PAD_BY_SIZE as PADS  # values of ab
 from fluvial.broker import kafka_batches
 from fluvial.broker.log.batch_meta import BatchMeta
 from fluvial.broker.log.segment_format import encode_batch
-from fluvial.broker.log.statistics import compute_stats
+from fluvial.broker.log.statistics import compute_stats, stats_columns
 from fluvial.broker.metadata import MetadataStore
 from fluvial.protocol.records import Compression, RecordColumns, build_batch, decode_records, parse_batch_header
 from fluvial.schema import avro_binary
@@ -78,6 +79,8 @@ def run_size(size: int, n: int, runs: int, fmt: TypedValueFormat, sid: int) -> d
     batch, meta = kafka_batches.to_arrow(view, header, value_format=fmt)
     stored = batch.add_column(0, "_offset", pa.array(range(n), pa.int64()))
     meta = dataclasses.replace(meta, base_offset=0)
+    stat_columns = stats_columns(stored.schema)
+    steps["statistics"] = cpu_ms(lambda: compute_stats(stored, stat_columns), runs)
     bytes_per_record = {}
     for codec in ("none", "lz4", "zstd"):
         def write() -> int:
@@ -102,6 +105,17 @@ def run_size(size: int, n: int, runs: int, fmt: TypedValueFormat, sid: int) -> d
         levels[label] = {"cpu_ms": round(cpu_ms(ipc_write, runs), 3),
                          "ratio_to_kafka_bytes": round(ipc_write() / len(raw), 3)}
     out["codec_choices"] = levels
+    # Arrow compresses each buffer of the batch with a zstd context of its own: the same
+    # buffers compressed one by one (as the IPC writer does) against as one block, which is
+    # what a context reused across buffers would come close to.
+    buffers = [b for column in stored.columns for b in column.buffers() if b is not None and b.size]
+    whole = pa.py_buffer(b"".join(b.to_pybytes() for b in buffers))
+    zstd = pa.Codec("zstd", compression_level=1)
+    out["zstd_context_per_buffer"] = {
+        "buffers": len(buffers),
+        "per_buffer_cpu_ms": round(cpu_ms(lambda: [zstd.compress(b) for b in buffers], runs), 3),
+        "one_block_cpu_ms": round(cpu_ms(lambda: zstd.compress(whole), runs), 3),
+    }
     out["cpu_ms_per_batch"] = {k: round(v, 3) for k, v in steps.items()}
     out["records_per_cpu_s"] = {k: round(n / (v / 1000)) for k, v in steps.items() if v > 0}
     out["stored_bytes_per_record"] = bytes_per_record

@@ -6,9 +6,12 @@ records of about `--size` bytes produced as fast as the client goes; py-spy samp
 thread holding the GIL (`--gil --format raw`: where the interpreter's time goes, the
 limit of one broker process) for `--sample-s` seconds from one second after the first
 send. Saves the inclusive share of each function over those samples with the load average to `results/profile-typed-produce-<size>.json`; the raw py-spy output stays in
-`benchmarks/.cache/`.
+`benchmarks/.cache/`. Also the broker's CPU time per record (user + system, from /proc) of
+its event-loop thread and of its other threads together; with `--sample-s 0` py-spy does not
+run (it slows the broker) and only that accounting is saved, to
+`results/typed-produce-cpu-<size>.json`.
 
-    python -m benchmarks.profile_typed_produce [--size 200|1000] [--records 400000]
+    python -m benchmarks.profile_typed_produce [--size 200|1000] [--records 400000] [--sample-s 0]
 """
 from __future__ import annotations
 
@@ -62,6 +65,20 @@ KEY_STEPS = {
 }
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of a process's event-loop thread (its main
+    thread) and of all its other threads together (executors, fsync, Arrow's pool)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"event_loop": 0.0, "other_threads": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        out["event_loop" if int(tid) == pid else "other_threads"] += (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def key_steps(top_inclusive_pct: dict[str, float]) -> dict[str, float]:
     """Inclusive % of the GIL-holding samples for each step of KEY_STEPS."""
     return {step: top_inclusive_pct.get(name, 0.0) for step, name in KEY_STEPS.items()}
@@ -71,7 +88,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=200, choices=(200, 1000))
     p.add_argument("--records", type=int, default=300_000)
-    p.add_argument("--sample-s", type=float, default=3)
+    p.add_argument("--sample-s", type=float, default=3, help="0: no py-spy, only the CPU accounting")
     p.add_argument("--flush-policy", choices=("ack", "none"), default="ack")
     args = p.parse_args()
     cache = Path(__file__).parent / ".cache"
@@ -94,26 +111,34 @@ def main() -> None:
                            check=True, capture_output=True)
 
         sampler = threading.Thread(target=sample)
-        sampler.start()
+        if args.sample_s > 0:
+            sampler.start()
+        cpu_before = thread_cpu_s(broker.pid)
         figures = produce_values(broker.bootstrap, topic, values, 300).figures()
-        sampler.join()
+        cpu_after = thread_cpu_s(broker.pid)
+        if args.sample_s > 0:
+            sampler.join()
     finally:
         broker.stop()
         remove_workdir(workdir)
-    total, shares = busy_shares(raw_path.read_text())
+    # Broker CPU per record by thread (sampling included when py-spy ran).
+    cpu_us = {k: round(1e6 * (cpu_after[k] - cpu_before[k]) / args.records, 3) for k in cpu_before}
+    total, shares = busy_shares(raw_path.read_text()) if args.sample_s > 0 else (0, {})
     top = sorted(shares.items(), key=lambda kv: -kv[1])[:45]
     result = {
         "workload": "profile-typed-produce", "machine": machine.describe(),
         "settings": {"size": args.size, "records": args.records, "flush_policy": args.flush_policy,
                      "sample_s": args.sample_s, "mean_value_bytes": round(data.mean_size, 1)},
-        "produce": figures, "busy_samples": total,
+        "produce": figures, "broker_cpu_us_per_record": cpu_us, "busy_samples": total,
         "top_inclusive_pct": {name: round(100 * share, 1) for name, share in top},
         "steps_pct": key_steps({name: round(100 * share, 1) for name, share in shares.items()}),
         "loadavg_before": load_before, "loadavg": os.getloadavg(),
     }
+    if args.sample_s <= 0:
+        out = out.with_name(f"typed-produce-cpu-{args.size}.json")
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result["top_inclusive_pct"], indent=1))
-    print(f"{figures}\nsaved {out}")
+    print(f"{figures}\nbroker CPU us per record: {cpu_us}\nsaved {out}")
 
 
 if __name__ == "__main__":
