@@ -9,8 +9,10 @@ the client's lookup session. Loopback, wall clock, client and broker on the same
 The same operations are then done straight on rocksdict (the KV tablet's options, keys
 sorted, keys and values encoded beforehand) as the physical reference. Before the lookup
 rounds both are flushed to SST files (the broker's by a KV snapshot), outside the clocks. Every figure is
-given as the median of rounds with its worst round, beside the load average. Saves
-benchmarks/results/pk.json; `--profile DIR` samples the broker with py-spy.
+given as the median of rounds with its worst round, beside the load average, with the
+CPU time per lookup of the broker and client processes (less sensitive to the load).
+Saves benchmarks/results/pk.json; `--profile DIR` samples the broker with py-spy (in the
+second lookup round: the first reads cold SST blocks).
 
     python -m benchmarks.bench_pk [--keys 1000000] [--batch 50000] [--buckets 2] [--rounds 5] [--profile DIR]
 """
@@ -52,6 +54,12 @@ def _profiler(pid: int, out: Path | None):
         return None
     return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--format", "raw", "--gil", "--rate", "200",
                              "--output", str(out), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _stop(proc) -> None:
@@ -223,23 +231,32 @@ def main() -> None:
                 t.snapshot()
                 load.append(os.getloadavg()[0])
                 rates, p50s, p99s, ref_rates, ref_p50s, ref_p99s = [], [], [], [], [], []
+                batch_cpu, single_cpu = [], []  # (broker, client) CPU seconds per lookup, per round
+                # The profiles sample the second round: the first reads cold SST blocks.
+                profiled = min(1, args.rounds - 1)
                 for r in range(args.rounds):
-                    p = _profiler(broker.proc.pid, prof("lookup") if r == 0 else None)
+                    p = _profiler(broker.proc.pid, prof("lookup") if r == profiled else None)
+                    cpu0, client0 = _cpu_s(broker.proc.pid), time.process_time()
                     start = time.perf_counter()
                     found = 0
                     for keys in lookup_keys:
                         found += t.lookup(keys).num_rows
                     rates.append(1000 * args.lookup_batches / (time.perf_counter() - start))
+                    batch_cpu.append(((_cpu_s(broker.proc.pid) - cpu0) / args.lookup_batches,
+                                      (time.process_time() - client0) / args.lookup_batches))
                     _stop(p)
                     assert found == 1000 * args.lookup_batches, found
                     ref_rates.append(ref.multi_gets())
-                    p = _profiler(broker.proc.pid, prof("single") if r == 0 else None)
+                    p = _profiler(broker.proc.pid, prof("single") if r == profiled else None)
                     latencies = []
+                    cpu0, client0 = _cpu_s(broker.proc.pid), time.process_time()
                     for keys in singles:
                         s = time.perf_counter()
                         got = t.lookup(keys)
                         latencies.append(time.perf_counter() - s)
                         assert got.num_rows == 1
+                    single_cpu.append(((_cpu_s(broker.proc.pid) - cpu0) / len(singles),
+                                       (time.process_time() - client0) / len(singles)))
                     _stop(p)
                     lat = np.array(latencies) * 1000
                     p50s.append(float(np.percentile(lat, 50)))
@@ -283,6 +300,12 @@ def main() -> None:
                              "p99_best_round": round(min(p99s), 3),
                              "p99_rounds": [round(x, 3) for x in p99s],
                              "count": args.single_lookups},
+        # CPU time per lookup (median of rounds; broker: all its threads, from /proc; client:
+        # this process): less sensitive to a shared machine's load than the wall clock.
+        "batched_lookup_cpu_ms": {"broker": round(1000 * float(np.median([b for b, _ in batch_cpu])), 3),
+                                  "client": round(1000 * float(np.median([c for _, c in batch_cpu])), 3)},
+        "single_lookup_cpu_us": {"broker": round(1e6 * float(np.median([b for b, _ in single_cpu])), 1),
+                                 "client": round(1e6 * float(np.median([c for _, c in single_cpu])), 1)},
         # The physical reference: the same keys and rows straight on rocksdict in this process.
         "rocksdict": reference,
         "batched_lookup_share_of_rocksdict": round(batched / reference["multi_get_keys_per_s"], 3),
