@@ -47,3 +47,17 @@ def test_the_compiled_record_codec_is_in_use_in_ci():
     if not os.environ.get("FLUVIAL_CI"):
         pytest.skip("outside CI the compiled codec is optional (the broker warns without it)")
     assert records.HAS_NATIVE, f"the compiled record codec did not load: {records.NATIVE_IMPORT_ERROR}"
+
+
+def test_the_compiled_kv_batch_steps_are_in_use_in_ci():
+    """.ci/run builds kv/_kvbatch.c (the KV read path's one-pass steps) too: in CI a silent
+    fall-back to the pyarrow/NumPy versions is a failure, not a slowdown."""
+    import os
+
+    import pytest
+
+    from fluvial.kv import batch_io
+
+    if not os.environ.get("FLUVIAL_CI"):
+        pytest.skip("outside CI the compiled steps are optional (kv/batch_io.py falls back)")
+    assert batch_io.USE_NATIVE, "kv/_kvbatch.c was not built"
