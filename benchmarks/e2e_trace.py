@@ -6,14 +6,14 @@ against a Fluvial broker started with timing probes, then follows every measured
 through the broker by its offset, in wall-clock time (the producer's and the consumer's
 clocks are the broker's: one machine):
 
-    send -> append        the producer's linger and request, until `Bucket.append` returned
-    append -> flush       until the group commit's flush of it began (`GroupCommit._begin`):
-                          the rest of the loop pass, or a running flush ahead of it
-    flush -> fsync        until the I/O thread started `LogTablet.flush_up_to`
-    fsync                 the fdatasync itself
-    fsync -> durable      until the loop ran `GroupCommit._flushed` (durable offset moved)
-    durable -> fetch      until a fetch's `_collect` returned it (the woken long-poll)
-    fetch -> consumer     the answer's write and the consumer's receive
+    send_to_append     the producer's linger and request, until `Bucket.append` returned
+    append_to_flush    until the group commit's flush of it began (`GroupCommit._begin`):
+                       the rest of the loop pass, or a running flush ahead of it
+    flush_to_fsync     until the I/O thread started `LogTablet.flush_up_to`
+    fsync              the fdatasync itself
+    fsync_to_durable   until the loop ran `GroupCommit._flushed` (durable offset moved)
+    durable_to_fetch   until a fetch's `_collect` returned it (the woken long-poll)
+    fetch_to_consumer  the answer's write and the consumer's receive
 
 Besides: every fsync's duration, event-loop lags over 4 ms (a task sleeping 1 ms that woke
 late), garbage collections, and all disk writes of the machine during the window.
@@ -41,8 +41,8 @@ import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results" / "e2e-trace.json"
 TRACE_ENV = "FLUVIAL_E2E_TRACE_OUT"
-STAGES = ("send -> append", "append -> flush", "flush -> fsync", "fsync", "fsync -> durable",
-          "durable -> fetch", "fetch -> consumer")
+STAGES = ("send_to_append", "append_to_flush", "flush_to_fsync", "fsync", "fsync_to_durable",
+          "durable_to_fetch", "fetch_to_consumer")
 LAG_S = 0.004
 
 
@@ -56,7 +56,8 @@ def _install_probes(out_path: str) -> None:
     from fluvial.broker.read_ahead import next_offset
 
     events: dict[str, list[tuple[int, int, int]]] = {
-        "append": [], "flush": [], "fsync": [], "durable": [], "fetch": [], "lag": [], "gc": []}
+        "append": [], "flush": [], "fsync": [], "durable": [], "fetch": [], "lag": [], "lag_process": [],
+        "gc": []}
     now = time.time_ns
 
     def wrap_sync(owner, name: str, kind: str, offset_of) -> None:
@@ -98,14 +99,20 @@ def _install_probes(out_path: str) -> None:
     heartbeat = [time.perf_counter()]
 
     async def lag_monitor() -> None:
+        # The loop thread's own CPU time over a late wake-up tells the broker's work on the
+        # loop (near the lag) from waiting for a core or the GIL (near zero).
+        # The whole process's CPU time beside it: another of its threads holding the GIL
+        # (the I/O threads, the CPU pool) against the machine's other work.
         while True:
-            started = time.perf_counter()
+            started, cpu_started, process_started = time.perf_counter(), time.thread_time(), time.process_time()
             await asyncio.sleep(0.001)
             heartbeat[0] = took_until = time.perf_counter()
             took = took_until - started
             if took > LAG_S:
                 end = now()
-                events["lag"].append((end - int(took * 1e9), end, 0))
+                events["lag"].append((end - int(took * 1e9), end, int((time.thread_time() - cpu_started) * 1e6)))
+                events["lag_process"].append((end - int(took * 1e9), end,
+                                              int((time.process_time() - process_started) * 1e6)))
 
     # While the loop is late, what its thread is doing (innermost frames): its own work, or
     # waiting in select while another thread holds the GIL or the CPU is elsewhere.
@@ -170,6 +177,14 @@ def attribute(rows: np.ndarray, events: dict[str, np.ndarray]) -> np.ndarray:
     return np.diff(marks, axis=0) / 1e6
 
 
+def _share(lags: np.ndarray, lag_ms: np.ndarray) -> float | None:
+    """CPU time (third column, us) over wall time of the lags over 20 ms, in %."""
+    long = lag_ms > 20
+    if not long.any() or len(lags) != len(lag_ms):
+        return None
+    return round(float(100 * lags[long, 2].sum() / 1e3 / lag_ms[long].sum()), 1)
+
+
 def summarize(rows: np.ndarray, events: dict[str, np.ndarray]) -> dict[str, object]:
     lo, hi = rows[0].min() - 500_000_000, rows[1].max() + 500_000_000
     events = {k: v[(v[:, 0] >= lo) & (v[:, 0] <= hi)] for k, v in events.items()}
@@ -177,8 +192,9 @@ def summarize(rows: np.ndarray, events: dict[str, np.ndarray]) -> dict[str, obje
     parts = attribute(rows, events)
     order = np.argsort(latency)
     n = len(order)
-    groups = {"median (p49.95-p50.05)": order[int(n * 0.4995):int(n * 0.5005) + 1],
-              "p99-p99.9": order[int(n * 0.99):int(n * 0.999)], "over p99.9": order[int(n * 0.999):]}
+    # The records around the median (p49.95-p50.05), between p99 and p99.9, and above p99.9.
+    groups = {"median": order[int(n * 0.4995):int(n * 0.5005) + 1],
+              "p99_to_p999": order[int(n * 0.99):int(n * 0.999)], "over_p999": order[int(n * 0.999):]}
     stage_ms = {name: {stage: round(float(np.median(parts[i, sel])), 2) for i, stage in enumerate(STAGES)}
                 | {"latency": round(float(np.median(latency[sel])), 2)} for name, sel in groups.items()}
     # Episodes: runs of records above p99 sent within 50 ms of each other; the worst record of each.
@@ -207,7 +223,11 @@ def summarize(rows: np.ndarray, events: dict[str, np.ndarray]) -> dict[str, obje
                    "max_ms": round(float(fsync_ms.max()), 1) if len(fsync_ms) else None,
                    "over_10ms": int((fsync_ms > 10).sum()), "over_50ms": int((fsync_ms > 50).sum())},
         "loop_lags": {"over_4ms": int(len(lag_ms)), "over_20ms": int((lag_ms > 20).sum()),
-                      "max_ms": round(float(lag_ms.max()), 1) if len(lag_ms) else 0.0},
+                      "max_ms": round(float(lag_ms.max()), 1) if len(lag_ms) else 0.0,
+                      # Of the time the loop was over 20 ms late, the share its thread ran.
+                      "over_20ms_running_pct": _share(events["lag"], lag_ms),
+                      # ... and the share any of the broker's threads ran (all threads' CPU).
+                      "over_20ms_process_running_pct": _share(events["lag_process"], lag_ms)},
         "gc": {"collections": int(len(gc_ms)), "max_ms": round(float(gc_ms.max()), 1) if len(gc_ms) else 0.0,
                "oldest_generation": int(events["gc"][:, 2].max()) if len(gc_ms) else None},
     }
