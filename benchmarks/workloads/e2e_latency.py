@@ -133,6 +133,10 @@ def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None
             except clients.CaseFailed:
                 raise clients.CaseFailed(f"e2e-latency: the consumer received nothing in "
                                          f"{scale.timeout_s:.0f} s") from None
+            # Again once the consumer reads: what the previous run's broker removed or wrote
+            # meanwhile (Kafka deletes a topic's files after the deletion returned) is on disk
+            # before the last half-second of warm-up.
+            os.sync()
             _paced(producer, topic, padding, _WARMUP, rate, until=lambda sent: sent >= rate // 2,
                    deadline=time.monotonic() + scale.timeout_s)
             fsyncs_before = _fsync_histogram(broker)
@@ -243,6 +247,8 @@ def settings(scale: Scale) -> dict[str, object]:
         "partitions": scale.partitions,
         "producer": LATENCY_PRODUCER.__dict__,
         "consumer": "confluent-kafka in its own process, partitions assigned, fetch.wait.max.ms=100",
+        "before_each_run": "sync, at the start and again once the consumer reads (no system measured with "
+                           "the page cache or file deletions an earlier run left)",
     }
 
 
