@@ -7,7 +7,6 @@ values, headers and producer fields, compressed as the topic's `compression.type
 """
 from __future__ import annotations
 
-import struct
 import time
 
 import numpy as np
@@ -16,7 +15,7 @@ import pyarrow.compute as pc
 
 from fluvial.broker.log import BatchMeta, StoredBatch
 from fluvial.errors import InvalidRecordError
-from fluvial.protocol.records import (BatchHeader, Compression, RecordColumns, build_batch, check_records_section,
+from fluvial.protocol.records import (BatchHeader, Compression, RecordColumns, build_batch, check_records_stats,
                                      decode_records, decode_records_section, records_section)
 
 TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
@@ -136,11 +135,6 @@ def to_arrow(batch: memoryview, header: BatchHeader, *, log_append_time_ms: int 
     return records, meta
 
 
-_ZERO_DELTA = bytes(4)
-# Batches of up to this many records are checked without NumPy.
-_SMALL_BATCH = 64
-_DENSE_DELTA_BYTES = _DELTAS[:_SMALL_BATCH].tobytes()
-_I64 = struct.Struct("=q")
 
 
 class WireRecords:
@@ -189,27 +183,12 @@ def to_wire_records(batch: memoryview, header: BatchHeader) -> tuple[WireRecords
     records = records_section(batch, header)
     if n <= 0:
         raise InvalidRecordError("empty record batch")
-    ts_bytes, od_bytes = check_records_section(records, n)
-    if n == 1:
-        # The usual small batch: plain byte and scalar checks, no NumPy views.
-        if header.last_offset_delta != 0 or bytes(od_bytes) != _ZERO_DELTA:
-            raise InvalidRecordError("record offset deltas of a produced batch must be 0..n-1")
-        first = max_ts = header.base_timestamp + _I64.unpack_from(ts_bytes, 0)[0]
-    elif n <= _SMALL_BATCH:
-        # A few records (a producer's records that waited for the last answer): byte
-        # comparison and a max over a memoryview cost a fraction of NumPy's reductions.
-        if header.last_offset_delta != n - 1 or bytes(od_bytes) != _DENSE_DELTA_BYTES[:4 * n]:
-            raise InvalidRecordError("record offset deltas of a produced batch must be 0..n-1")
-        deltas = memoryview(ts_bytes).cast("B").cast("q")
-        first = header.base_timestamp + deltas[0]
-        max_ts = header.base_timestamp + max(deltas)
-    else:
-        offset_delta = np.frombuffer(od_bytes, np.int32)
-        if header.last_offset_delta != n - 1 or not _deltas_are_dense(offset_delta, n):
-            raise InvalidRecordError("record offset deltas of a produced batch must be 0..n-1")
-        deltas = np.frombuffer(ts_bytes, np.int64)
-        first = header.base_timestamp + int(deltas[0])
-        max_ts = header.base_timestamp + int(deltas.max())
+    # The compiled scanner's measuring pass alone: nothing is copied out of the records.
+    first_delta, max_delta, dense = check_records_stats(records, n)
+    if header.last_offset_delta != n - 1 or not dense:
+        raise InvalidRecordError("record offset deltas of a produced batch must be 0..n-1")
+    first = header.base_timestamp + first_delta
+    max_ts = header.base_timestamp + max_delta
     meta = BatchMeta(base_offset=-1, last_offset_delta=n - 1, record_count=n, base_timestamp=header.base_timestamp,
                      max_timestamp=header.max_timestamp, producer_id=header.producer_id,
                      producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,

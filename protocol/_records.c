@@ -156,6 +156,13 @@ typedef struct {
     Py_ssize_t key_nulls, value_nulls, hvalue_nulls;
 } scan_totals;
 
+/* What a produced batch is checked against, gathered by the measuring pass when asked:
+ * the first and largest timestamp delta, and whether the offset deltas are 0..n-1. */
+typedef struct {
+    int64_t first_ts, max_ts;
+    int dense;
+} scan_stats;
+
 /* Destinations of the fill pass; capacities guard against a buffer that changed
  * between the two passes (a bytearray mutated by another thread). */
 typedef struct {
@@ -178,7 +185,7 @@ typedef struct {
  * set it copies into the buffers sized from the measuring pass. */
 static int
 scan_records(const uint8_t *p, const uint8_t *end, Py_ssize_t count, scan_totals *t,
-             scan_out *out, scan_error *err)
+             scan_out *out, scan_error *err, scan_stats *stats)
 {
     Py_ssize_t i = 0, kpos = 0, vpos = 0, hpos = 0, hkpos = 0, hvpos = 0;
     Py_ssize_t knull = 0, vnull = 0, hvnull = 0;
@@ -210,6 +217,14 @@ scan_records(const uint8_t *p, const uint8_t *end, Py_ssize_t count, scan_totals
         if (out) {
             out->ts[i] = ts;
             out->off[i] = od;
+        }
+        if (stats) {
+            if (i == 0)
+                stats->first_ts = stats->max_ts = ts;
+            else if (ts > stats->max_ts)
+                stats->max_ts = ts;
+            if (od != i)
+                stats->dense = 0;
         }
         if (kl >= 0) {
             if (out) {
@@ -371,7 +386,7 @@ decode_records(PyObject *self, PyObject *args)
     }
     memset(&t, 0, sizeof t);
     Py_BEGIN_ALLOW_THREADS
-    rc = scan_records(start, end, count, &t, NULL, &err);
+    rc = scan_records(start, end, count, &t, NULL, &err, NULL);
     Py_END_ALLOW_THREADS
     if (rc) {
         raise_scan_error(&err);
@@ -397,7 +412,7 @@ decode_records(PyObject *self, PyObject *args)
         goto done;
 
     Py_BEGIN_ALLOW_THREADS
-    rc = scan_records(start, end, count, &t, &o, &err);
+    rc = scan_records(start, end, count, &t, &o, &err, NULL);
     Py_END_ALLOW_THREADS
     if (rc) {
         raise_scan_error(&err);
@@ -411,6 +426,55 @@ decode_records(PyObject *self, PyObject *args)
 done:
     for (k = 0; k < N_OUT; k++)
         Py_XDECREF(objs[k]);
+    PyBuffer_Release(&in);
+    return result;
+}
+
+PyDoc_STRVAR(check_doc,
+"check_records(records, count) -> (first_timestamp_delta, max_timestamp_delta, dense)\n\n"
+"Validate an uncompressed records section holding `count` (>= 1) records exactly as\n"
+"decode_records does (same errors), without copying anything out: the first and the\n"
+"largest timestamp delta, and whether the offset deltas are 0..count-1.");
+
+/* Sections up to this size are checked holding the GIL: handing it over costs more. */
+#define CHECK_GIL_FREE_BYTES (64 * 1024)
+
+static PyObject *
+check_records(PyObject *self, PyObject *args)
+{
+    Py_buffer in;
+    Py_ssize_t count;
+    scan_totals t;
+    scan_stats st = {0, 0, 1};
+    scan_error err = {NULL, 0, 0};
+    PyObject *result = NULL;
+    int rc;
+    const uint8_t *start, *end;
+
+    if (!PyArg_ParseTuple(args, "y*n:check_records", &in, &count))
+        return NULL;
+    start = (const uint8_t *)in.buf;
+    end = start + in.len;
+    if (count < 1 || count > in.len / 7) {
+        PyErr_Format(CorruptRecordError,
+                     "record count %zd does not fit in %zd bytes of records", count, in.len);
+        goto done;
+    }
+    memset(&t, 0, sizeof t);
+    if (in.len > CHECK_GIL_FREE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = scan_records(start, end, count, &t, NULL, &err, &st);
+        Py_END_ALLOW_THREADS
+    }
+    else
+        rc = scan_records(start, end, count, &t, NULL, &err, &st);
+    if (rc) {
+        raise_scan_error(&err);
+        goto done;
+    }
+    result = Py_BuildValue("(LLO)", (long long)st.first_ts, (long long)st.max_ts,
+                           st.dense ? Py_True : Py_False);
+done:
     PyBuffer_Release(&in);
     return result;
 }
@@ -672,6 +736,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS, decode_doc},
+    {"check_records", check_records, METH_VARARGS, check_doc},
     {"encode_records", encode_records, METH_VARARGS, encode_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -242,11 +242,19 @@ def records_section(batch: Buffer, header: BatchHeader) -> Buffer:
     return records
 
 
-def check_records_section(records: Buffer, count: int) -> tuple[bytes, bytes]:
-    """Decode ``count`` records to check them, without building columns: the timestamp
-    deltas (int64) and offset deltas (int32) as bytes. Raises as decode_records_section does."""
-    parts = _pick(None, "decode_records", _decode_records_py)(records, count)
-    return parts[0], parts[1]
+def check_records_stats(records: Buffer, count: int, implementation: Implementation | None = None
+                        ) -> tuple[int, int, bool]:
+    """Check ``count`` (>= 1) records as decode_records_section does (same errors) without
+    building anything: (first timestamp delta, largest timestamp delta, offset deltas are
+    0..count-1). The compiled scanner does it in its measuring pass alone."""
+    if count < 1:
+        raise CorruptRecordError(f"record count {count}: at least one record is checked")
+    if implementation != "python" and _native is not None:
+        return _native.check_records(records, count)
+    ts_bytes, od_bytes = _pick("python", "decode_records", _decode_records_py)(records, count)[:2]
+    ts = np.frombuffer(ts_bytes, np.int64)
+    od = np.frombuffer(od_bytes, np.int32)
+    return int(ts[0]), int(ts.max()), bool((od == np.arange(count, dtype=np.int32)).all())
 
 
 def decode_records_section(records: Buffer, count: int, implementation: Implementation | None = None) -> RecordColumns:

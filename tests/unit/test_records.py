@@ -472,6 +472,58 @@ def test_mutated_sections_decode_alike_in_both_codecs(case, data) -> None:
     assert all(o == outcomes[0] for o in outcomes)
 
 
+def check_matches_decode(section: bytes, count: int) -> None:
+    """check_records_stats (each implementation) refuses what decode refuses, with the same
+    error class, and otherwise gives the decoded timestamps' first and largest delta and
+    whether the offset deltas are 0..count-1."""
+    try:
+        decoded = R.decode_records_section(section, count, "python")
+        ts, od = decoded.timestamp_delta, decoded.offset_delta
+        expected = (int(ts[0]), int(ts.max()), bool((od == np.arange(count)).all()))
+    except FluvialError as exc:
+        expected = type(exc)
+    for impl in IMPLEMENTATIONS:
+        try:
+            got = R.check_records_stats(section, count, impl)
+        except FluvialError as exc:
+            got = type(exc)
+        assert got == expected, impl
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record_columns(), st.data())
+def test_checking_records_agrees_with_decoding_them(case, data) -> None:
+    columns, expected = case
+    assume(len(expected) > 0)
+    section = bytearray(R.encode_records_section(columns))
+    if data.draw(st.booleans()):
+        for _ in range(data.draw(st.integers(1, 3))):
+            at = data.draw(st.integers(0, len(section) - 1))
+            if data.draw(st.booleans()):
+                section[at] = data.draw(st.integers(0, 255))
+            else:
+                del section[at:at + data.draw(st.integers(1, 6))]
+    count = len(expected) + data.draw(st.integers(-1, 1))
+    assume(count >= 1)
+    check_matches_decode(bytes(section), count)
+
+
+def test_checking_records_of_a_producer_batch() -> None:
+    columns = RecordColumns(timestamp_delta=np.array([5, 1, 9], np.int64), offset_delta=np.array([0, 1, 2], np.int32),
+                            keys=pa.array([b"a", None, b"c"], pa.binary()), values=pa.array([b"x", b"y", None], pa.binary()),
+                            headers=pa.array([[], [], []], R.HEADERS_TYPE))
+    section = R.encode_records_section(columns)
+    for impl in IMPLEMENTATIONS:
+        assert R.check_records_stats(section, 3, impl) == (5, 9, True)
+        with pytest.raises(CorruptRecordError):
+            R.check_records_stats(section, 0, impl)
+    gap = R.encode_records_section(RecordColumns(
+        timestamp_delta=columns.timestamp_delta, offset_delta=np.array([0, 2, 3], np.int32), keys=columns.keys,
+        values=columns.values, headers=columns.headers))
+    for impl in IMPLEMENTATIONS:
+        assert R.check_records_stats(gap, 3, impl) == (5, 9, False)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300))
 def test_random_records_fields_raise_only_record_errors(data: bytes) -> None:
