@@ -7,9 +7,8 @@ connection's task, the fsync's completion, the answer's write), each a Python-le
 buffered protocols, executors, signals) with those steps in C: `--event-loop uvloop`.
 It stays opt-in: measured on the small-request benchmark it saved only about 5% of the
 broker's CPU per one-record produce request (the handler's Python work dominates), and
-under the Kafka fuzz test's storm of malformed requests the broker's RSS grew by about
-80 MB more than on asyncio's loop, which is not understood yet. "auto" picks uvloop
-where it is installed, except where asyncio's loop is needed:
+only the Kafka-path tests (compatibility, SASL, fuzzing, frames) have run on it so far.
+"auto" picks uvloop where it is installed, except where asyncio's loop is needed:
 asyncio's debug mode (`--slow-callback-ms`) names the slow callback only on asyncio's loop,
 and a listener with TLS keeps asyncio's TLS (the server-side handshake, its timeout and the
 peer certificate of mutual TLS are what the TLS tests check; uvloop's TLS transport closes
