@@ -23,6 +23,9 @@ except ImportError as _exc:  # the compiled codec is optional; the pure-Python o
     NATIVE_IMPORT_ERROR = str(_exc)
 
 HAS_NATIVE = _native is not None
+# Checking without decoding came later: a compiled module built from an older checkout
+# lacks it, and the pure-Python check stands in until it is rebuilt.
+_native_check = getattr(_native, "check_records", None)
 
 Implementation = Literal["native", "python"]
 
@@ -249,8 +252,8 @@ def check_records_stats(records: Buffer, count: int, implementation: Implementat
     0..count-1). The compiled scanner does it in its measuring pass alone."""
     if count < 1:
         raise CorruptRecordError(f"record count {count}: at least one record is checked")
-    if implementation != "python" and _native is not None:
-        return _native.check_records(records, count)
+    if implementation != "python" and _native_check is not None:
+        return _native_check(records, count)
     ts_bytes, od_bytes = _pick("python", "decode_records", _decode_records_py)(records, count)[:2]
     ts = np.frombuffer(ts_bytes, np.int64)
     od = np.frombuffer(od_bytes, np.int32)

@@ -39,6 +39,7 @@ def test_compiled_codec_is_built() -> None:
     import fluvial.protocol._records  # noqa: F401
 
     assert R.HAS_NATIVE
+    assert R._native_check is not None, "the compiled codec is older than this checkout: rebuild it"
 
 
 # ------------------------------------------------------------------ helpers
