@@ -131,6 +131,10 @@ class TableKind:
         """The current rows of primary keys (blocking: off the loop)."""
         self._no_primary_key(table)
 
+    def lookup_batch(self, table, keys, *, wait_durable: Callable[[object, dict[int, int]], None]) -> "pa.RecordBatch":
+        """`lookup` as one record batch (a lookup session's answer)."""
+        self._no_primary_key(table)
+
     def prefix_lookup(self, table, prefixes, *, wait_durable: Callable[[object, dict[int, int]], None]) -> "pa.Table":
         """The current rows whose bucket key equals one of `prefixes` (blocking)."""
         self._no_primary_key(table)

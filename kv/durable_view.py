@@ -108,6 +108,13 @@ class DurableView:
             return values
         return pc.if_else(at.is_valid(), pending_values.take(at), values)
 
+    def rewind_one(self, key: bytes, value: bytes | None) -> bytes | None:
+        """`rewind` of one key's value (None: no row): a dict probe."""
+        with self._lock:
+            self._prune()
+            pending = self._by_key
+        return pending[key] if key in pending else value
+
     def rewind_prefix(self, prefix: bytes, found: dict[bytes, bytes]) -> dict[bytes, bytes]:
         """Rows read by a prefix scan (key -> value), with the pending writes of keys under
         `prefix` undone (rows they added dropped, rows they changed or deleted put back)."""

@@ -34,7 +34,7 @@ from fluvial.broker.table_kind import CHANGELOG_SUFFIX, PRIMARY_KEY as PRIMARY_K
 from fluvial.broker.tables import Bucket, Table
 from fluvial.errors import InvalidConfigError, InvalidRecordError, InvalidRequestError, InvalidTableError, StorageError
 from fluvial.kv import ChangeType, KeyLayout, KvTablet, KvTabletError, MergeSpec, SnapshotInfo, SnapshotStore
-from fluvial.kv.bucketing import FEW_KEYS, BucketFunction, buckets_of
+from fluvial.kv.bucketing import FEW_KEYS, BucketFunction, _murmur2_one, buckets_of
 from fluvial.kv.batch_io import murmur2_reheaded, take_binary
 from fluvial.kv.durable_view import DurableView
 from fluvial.kv.row_codec import DATA_PREFIX
@@ -206,13 +206,7 @@ class PkTable:
         and the primary key in schema order (the bucket key), a row's Kafka key is its
         storage key's Avro body behind the 5-byte schema header, so the key columns are
         encoded once, not twice (a third of a point lookup's broker time otherwise)."""
-        if self._kafka_header is None:
-            self._kafka_header = b""
-            layout = self.layout
-            if (self.key_format.name == "avro" and layout.bucket_key == layout.primary_key
-                    and layout.storage_order == in_schema_order(self.schema, layout.primary_key)):
-                self._kafka_header = bytes([0]) + int(self.key_format.schema_id).to_bytes(4, "big")
-        if not self._kafka_header:
+        if not self.kafka_key_header():
             return self.bucket_ids(keys)
         if self.bucket_function == BucketFunction.MURMUR2 and len(storage_keys) > FEW_KEYS:
             # Hashed straight off the storage keys (kv/batch_io.py): no Kafka keys built.
@@ -221,6 +215,25 @@ class PkTable:
                 return ((h & np.uint32(0x7FFFFFFF)) % np.uint32(len(self.table.buckets))).astype(np.int32)
         kafka = reheaded(storage_keys, len(DATA_PREFIX), self._kafka_header)
         return buckets_of(kafka, len(self.table.buckets), self.bucket_function)
+
+    def kafka_key_header(self) -> bytes:
+        """The Avro header that turns a storage key's body into the row's Kafka key (see
+        `bucket_ids_of_keys`); b"" where the Kafka key is not derivable that way."""
+        if self._kafka_header is None:
+            self._kafka_header = b""
+            layout = self.layout
+            if (self.key_format.name == "avro" and layout.bucket_key == layout.primary_key
+                    and layout.storage_order == in_schema_order(self.schema, layout.primary_key)):
+                self._kafka_header = bytes([0]) + int(self.key_format.schema_id).to_bytes(4, "big")
+        return self._kafka_header
+
+    def bucket_of_key(self, keys: pa.Table | pa.RecordBatch, storage_key: bytes) -> int:
+        """`bucket_ids_of_keys` of one key row: murmur2 of its Kafka key hashed in Python
+        when derivable from the storage key (no arrays), the array path otherwise."""
+        header = self.kafka_key_header()
+        if header and self.bucket_function == BucketFunction.MURMUR2:
+            return (_murmur2_one(header + storage_key[len(DATA_PREFIX):]) & 0x7FFFFFFF) % len(self.table.buckets)
+        return int(self.bucket_ids_of_keys(keys, pa.array([storage_key], pa.binary()))[0])
 
     @property
     def bucket_function(self) -> str:
@@ -1230,6 +1243,57 @@ def lookup(table: Table, keys: pa.Table | pa.RecordBatch | list[dict], *,
     return _decode_found(found)
 
 
+def lookup_batch(table: Table, keys: pa.Table | pa.RecordBatch | list[dict], *,
+                 wait_durable: Callable[[Table, dict[int, int]], None]) -> pa.RecordBatch:
+    """`lookup` as one record batch (what a lookup session sends back). One key of integer,
+    string or binary columns takes a direct path: its storage key built as bytes, its
+    bucket hashed in Python, one RocksDB get and one row decoded, without the batch path's
+    arrays (sort, take, concatenation, unique buckets) whose fixed costs were most of a
+    point lookup's broker time. Same answers, same refusals (property-tested against
+    the batch path)."""
+    if not isinstance(keys, list) and keys.num_rows == 1:
+        pk = _state(table)
+        pk.layout.check_keys(keys, "key")
+        few = pk.layout.few_key_bytes(keys)
+        if few is not None:
+            return _lookup_one(table, pk, keys, few[0], wait_durable)
+    return _one_batch(lookup(table, keys, wait_durable=wait_durable))
+
+
+def _lookup_one(table: Table, pk: PkTable, keys, key: bytes, wait_durable) -> pa.RecordBatch:
+    pk.lookups += 1
+    pk.lookup_keys += 1
+    b = pk.bucket_of_key(keys, key)
+    table.buckets[b].tablet.check_online()
+    durable, fenced = _durable_view(table, pk, b)
+    kv = pk.buckets[b].tablet
+    value = kv.value_at(key, durable)
+    fence = read_fence(table, [b] if fenced else [])  # after the read, as in _read_buckets
+    if fence:
+        wait_durable(table, fence)
+    return kv.row_batch(value)
+
+
+def _one_batch(rows: pa.Table) -> pa.RecordBatch:
+    """A lookup's answer as one record batch (also when nothing was found)."""
+    batches = rows.to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in rows.schema], schema=rows.schema)
+    return rows.combine_chunks().to_batches()[0]
+
+
+def _durable_view(table: Table, pk: PkTable, b: int) -> tuple[DurableView | None, bool]:
+    """How bucket `b` is read: as of its durable changelog (its DurableView), or as
+    RocksDB holds it with a fence to wait for after the read (None, True)."""
+    durable = pk.buckets[b].durable
+    if durable is not None and (LOOKUPS_WAIT_FOR_FSYNC or not (
+            table.buckets[b].tablet.config.flush_policy is FlushPolicy.ACK and durable.usable())):
+        return None, True
+    return durable, False
+
+
 def _decode_found(found: list[tuple[KvTablet, pa.Array]]) -> pa.Table:
     """The rows of the values read per bucket, decoded in one batch when the buckets'
     tablets number row schemas alike (always, short of a bucket that missed a schema
@@ -1271,10 +1335,8 @@ def _read_buckets(table: Table, pk: PkTable, keys: pa.Table | pa.Array, read, wa
         # Under flush policy ack, rows as of the durable changelog: no wait for an fsync
         # under way. A bucket whose durable offset is still below what its KV tablet held
         # when it opened waits for it instead.
-        durable = pk.buckets[b].durable
-        if durable is not None and (LOOKUPS_WAIT_FOR_FSYNC or not (
-                bucket.tablet.config.flush_policy is FlushPolicy.ACK and durable.usable())):
-            durable = None
+        durable, fence = _durable_view(table, pk, b)
+        if fence:
             fenced.append(b)
         parts.append(read(pk.buckets[b].tablet, part, durable))
     # The fence is taken after the reads: every row they saw was appended before it.
@@ -1477,6 +1539,9 @@ class PrimaryKeyTable(TableKind):
 
     def lookup(self, table, keys, *, wait_durable):
         return lookup(table, keys, wait_durable=wait_durable)
+
+    def lookup_batch(self, table, keys, *, wait_durable):
+        return lookup_batch(table, keys, wait_durable=wait_durable)
 
     def prefix_lookup(self, table, prefixes, *, wait_durable):
         return prefix_lookup(table, prefixes, wait_durable=wait_durable)

@@ -129,6 +129,7 @@ class KvTablet:
         self.spec = spec
         self.merger = merger_for(spec)
         self._write_opts = _write_options()
+        self._empty: tuple[pa.Schema, pa.RecordBatch] | None = None  # no rows in the current schema (see row_batch)
         schemas = {}
         it = db.iter()
         it.seek(_SCHEMA_KEY)
@@ -643,6 +644,28 @@ class KvTablet:
         if durable is not None:
             found = durable.rewind(keys, found)
         return found.drop_null() if found.null_count else found
+
+    def value_at(self, key: bytes, durable: "DurableView | None" = None) -> bytes | None:
+        """The stored value of one storage key (None: no row): one RocksDB get, no arrays
+        (a point lookup). With `durable`: as of the durable changelog."""
+        value = self.db.get(key)
+        return value if durable is None else durable.rewind_one(key, value)
+
+    def row_batch(self, value: bytes | None) -> pa.RecordBatch:
+        """The row of one stored value as a one-row record batch (no rows for None)."""
+        if value is None:
+            return self._empty_batch()
+        rows = self.codec.decode_one(value)
+        if rows.null_count:  # the batch path's rows carry no row-level nulls; keep flatten's meaning
+            rows = rows.flatten()
+            return pa.RecordBatch.from_arrays(rows, schema=self.schema)
+        return pa.RecordBatch.from_arrays([rows.field(i) for i in range(rows.type.num_fields)], schema=self.schema)
+
+    def _empty_batch(self) -> pa.RecordBatch:
+        schema = self.schema
+        if self._empty is None or self._empty[0] is not schema:  # built again after a schema change
+            self._empty = (schema, pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema))
+        return self._empty[1]
 
     def same_codec(self, other: "KvTablet") -> bool:
         """Whether `other` numbers row schemas as this tablet does (their values decode alike)."""

@@ -401,6 +401,15 @@ def _decode_native(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.nd
     return arr
 
 
+def decode_native_one(node: AvroNode, value: bytes, skip: int) -> pa.Array | None:
+    """One record (the bytes of `value` after `skip` header bytes) decoded by the compiled
+    decoder as a one-element array, or None where `decode_avro` must decide (no compiled
+    program for the schema, a record it refuses): a point lookup's decode without the
+    batch path's per-call arrays."""
+    return _decode_native(node, np.frombuffer(value, np.uint8), np.array([skip], np.int64),
+                          np.array([len(value)], np.int64))
+
+
 def pad(buffer: np.ndarray) -> np.ndarray:
     """The data buffer with room for whole-varint reads past its end."""
     return np.concatenate([buffer, np.zeros(_PAD, np.uint8)])

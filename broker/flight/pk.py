@@ -113,23 +113,13 @@ def lookup_session(server, require_read: Callable[[str], None], name: str, reade
             continue
         require_read(name)  # an ACL removed mid-session applies from the next lookup on
         table = server._table(name)
-        rows = table.kind.lookup(table, keys, wait_durable=wait_durable)
+        rows = table.kind.lookup_batch(table, keys, wait_durable=wait_durable)
         if schema is None:
             schema = rows.schema
             writer.begin(schema)
         elif not rows.schema.equals(schema):
             return  # the table's columns changed: the client reopens with the new schema
-        writer.write_batch(_one_batch(rows))
-
-
-def _one_batch(rows: pa.Table) -> pa.RecordBatch:
-    """A lookup's answer as one record batch (also when nothing was found)."""
-    batches = rows.to_batches()
-    if len(batches) == 1:
-        return batches[0]
-    if not batches:
-        return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in rows.schema], schema=rows.schema)
-    return rows.combine_chunks().to_batches()[0]
+        writer.write_batch(rows)
 
 
 def refuse_append(table) -> None:
