@@ -6,7 +6,7 @@ the native client it is filled with upserts of `--batch` rows, each batch 80% ne
 20% updates of keys already written, until `--keys` keys exist; then batched lookups of
 1,000 random keys, then single-key lookups one after another (p50/p99 latency), both over
 the client's lookup session. Loopback, wall clock, client and broker on the same machine.
-The same operations are then done straight on rocksdict (the KV tablet's options, keys
+The same operations are then done straight on rocksdict (the KV tablet's very options, keys
 sorted, keys and values encoded beforehand) as the physical reference. Before the lookup
 rounds both are flushed to SST files (the broker's by a KV snapshot), outside the clocks. Every figure is
 given as the median of rounds with its worst round, beside the load average, with the
@@ -82,7 +82,9 @@ def _top(raw: Path, n: int = 12) -> list[tuple[str, float]]:
 
 class RocksdbReference:
     """The same operations straight on rocksdict, at its best: the KV tablet's own options
-    (`_open_rdict`: bloom filters, block cache, the shared row cache), keys sorted as the
+    (`_open_rdict`, the very function the tablets open with, so any tuning applies to both
+    sides alike: bloom filters, block cache with pinned L0 index/filter blocks, data-block
+    hash index, the shared row cache), keys sorted as the
     tablet sorts them (multi-gets and write batches in key order: measured ~2x faster than
     unsorted on this data), keys and values encoded before any clock starts. Per upsert
     batch one multi-get of its keys and one write batch of its encoded rows; multi-gets of
