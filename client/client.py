@@ -380,6 +380,16 @@ class Table:
         """
         return pk.lookup(self, keys)
 
+    def lookup_batches(self, batches: Iterable[Any], in_flight: int = 2) -> Iterator[pa.Table]:
+        """The rows found for each batch of keys, in order, with up to `in_flight` batches
+        on their way at once (the broker looks up one while the next arrives): for many
+        batches in a row, e.g. enriching a stream.
+
+        >>> for rows in accounts.lookup_batches(key_batches):
+        ...     use(rows)
+        """
+        return pk.lookup_batches(self, batches, in_flight)
+
     def prefix_lookup(self, prefixes: Any) -> pa.Table:
         """The current rows whose bucket-key columns (a prefix of the primary key) match."""
         return pk.prefix_lookup(self, prefixes)

@@ -5,6 +5,8 @@ import base64
 import json
 import threading
 import time
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,7 +118,16 @@ class LookupSession:
 
     def lookup(self, keys: pa.RecordBatch) -> pa.Table | None:
         """The rows found, or None when the broker ended the session (the table changed)."""
+        self.send(keys)
+        return self.receive()
+
+    def send(self, keys: pa.RecordBatch) -> None:
+        """One lookup's keys; its answer is the next `receive` after those of earlier sends."""
         self._writer.write_batch(keys)
+
+    def receive(self) -> pa.Table | None:
+        """The rows found for the oldest lookup sent and not yet answered, or None when the
+        broker ended the session (the table changed)."""
         try:
             chunk = self._reader.read_chunk()
         except StopIteration:
@@ -253,6 +264,110 @@ def lookup(table, keys: Any) -> pa.Table:
             return rows
         sessions.drop(table.name, session)  # ended by the broker: the table's columns changed
     return pa.ipc.open_stream(_call(table.client, LOOKUP, {"table": table.name, "keys": _ipc(keys)})).read_all()
+
+
+# Bytes of keys sent ahead of their answers by `lookup_batches`. The stream's flow-control
+# window (HTTP/2, 64 KiB at first) must hold every lookup not yet read by the broker:
+# otherwise the broker, blocked writing an answer the client has not read yet, and the
+# client, blocked writing keys the broker has not read yet, would wait for each other.
+PIPELINE_BYTES = 32 << 10
+
+
+def lookup_batches(table, batches: Iterable[Any], in_flight: int = 2) -> Iterator[pa.Table]:
+    """The rows found for each batch of keys, in order, with up to `in_flight` batches sent
+    ahead of their answers over the client's lookup session (while their keys total at
+    most `PIPELINE_BYTES`; a larger batch goes alone): the broker works on one batch while
+    the next is on its way and the client reads the answer before. Batches of another key
+    schema, a session the broker ended (the table changed), a broken stream, or a session
+    busy with another thread: the batches not yet answered are looked up one at a time by
+    `lookup`. Errors the broker gives for a batch (bad keys) are raised; abandoning the
+    iterator closes its session (answers may still be on their way)."""
+    if in_flight < 1:
+        raise ValueError(f"in_flight must be at least 1, not {in_flight}")
+    sessions: LookupSessions = table.client._lookups
+    session: LookupSession | None = None
+    sent: deque[pa.RecordBatch] = deque()  # written, answer not read yet
+    sent_bytes = 0
+
+    def close(drop: bool) -> None:
+        nonlocal session
+        if session is not None:
+            session.lock.release()
+            if drop:
+                sessions.drop(table.name, session)
+            session = None
+
+    def answer() -> pa.Table | None:
+        """The oldest sent batch's rows; None when the session can no longer answer."""
+        nonlocal sent_bytes
+        try:
+            rows = session.receive()
+        except (flight.FlightError, OSError, pa.ArrowException) as exc:
+            if isinstance(exc, _STREAM_BROKEN):
+                return None
+            close(True)
+            sent.clear()
+            if isinstance(exc, flight.FlightError):
+                raise from_flight(exc) from None
+            raise
+        if rows is not None:
+            sent_bytes -= sent.popleft().nbytes
+        return rows
+
+    def fallback() -> Iterator[pa.Table]:
+        """The unanswered batches one at a time, on a new session (`lookup` opens one)."""
+        nonlocal sent_bytes
+        close(True)
+        while sent:
+            yield lookup(table, sent.popleft())
+        sent_bytes = 0
+
+    try:
+        for keys in batches:
+            batch = _one_batch(as_arrow(keys))
+            if session is not None and not session.key_schema.equals(batch.schema):
+                while sent:
+                    rows = answer()
+                    if rows is None:
+                        yield from fallback()
+                        break
+                    yield rows
+                close(False)
+            if session is None:
+                try:
+                    session = sessions.acquire(table.name, batch.schema)
+                except flight.FlightError as exc:
+                    raise from_flight(exc) from None
+                if session is None:  # another thread's: this batch alone, as `lookup` does
+                    yield lookup(table, batch)
+                    continue
+            while sent and (len(sent) >= in_flight or sent_bytes + batch.nbytes > PIPELINE_BYTES):
+                rows = answer()
+                if rows is None:
+                    yield from fallback()
+                    break
+                yield rows
+            if session is None:  # the fallback closed it: open another for this batch
+                session = sessions.acquire(table.name, batch.schema)
+                if session is None:
+                    yield lookup(table, batch)
+                    continue
+            try:
+                session.send(batch)
+            except (flight.FlightError, OSError, pa.ArrowException) as exc:
+                if not isinstance(exc, _STREAM_BROKEN):
+                    close(True)
+                    raise from_flight(exc) if isinstance(exc, flight.FlightError) else exc from None
+            sent.append(batch)
+            sent_bytes += batch.nbytes
+        while sent:
+            rows = answer()
+            if rows is None:
+                yield from fallback()
+                break
+            yield rows
+    finally:
+        close(bool(sent))  # answers still due on the stream: it cannot serve the next lookup
 
 
 def prefix_lookup(table, prefixes: Any) -> pa.Table:
