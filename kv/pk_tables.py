@@ -1253,8 +1253,7 @@ def lookup_batch(table: Table, keys: pa.Table | pa.RecordBatch | list[dict], *,
     the batch path)."""
     if not isinstance(keys, list) and keys.num_rows == 1:
         pk = _state(table)
-        pk.layout.check_keys(keys, "key")
-        few = pk.layout.few_key_bytes(keys)
+        few = pk.layout.few_key_bytes(keys)  # None for keys `check_keys` refuses: the batch path raises
         if few is not None:
             return _lookup_one(table, pk, keys, few[0], wait_durable)
     return _one_batch(lookup(table, keys, wait_durable=wait_durable))

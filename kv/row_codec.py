@@ -274,12 +274,17 @@ class KeyLayout:
 
     def few_key_bytes(self, data) -> list[bytes] | None:
         """`_few_keys` as a list of bytes (a single-key lookup reads RocksDB with them
-        directly); None where the array path decides (other key types, nulls)."""
+        directly); None where the array path decides (other key types, nulls, a key column
+        missing or named twice): a list returned means `check_keys` passes."""
         if not self._plain_key:
             return None
         columns = []
+        schema = data.schema
         for f in self.key_schema:
-            col = data.column(f.name)
+            i = schema.get_field_index(f.name)
+            if i < 0:
+                return None
+            col = data.column(i)
             if col.type != f.type:
                 return None
             columns.append(col.to_pylist())

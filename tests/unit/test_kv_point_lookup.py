@@ -129,3 +129,16 @@ def test_keys_the_bytes_path_does_not_take_go_to_the_batch_path():
     assert layout.few_key_bytes(with_null) is None
     dec = pa.schema([pa.field("k", pa.decimal128(5, 2), False), pa.field("v", pa.string())])
     assert KeyLayout(dec, ["k"]).few_key_bytes(pa.table({"k": pa.array([decimal.Decimal("1.00")], dec[0].type)})) is None
+
+
+def test_keys_the_bytes_path_takes_pass_the_key_check():
+    layout = KeyLayout(SCHEMA, PK)
+    key = {"k_str": "a", "k_i32": 1, "k_bin": b"", "k_i64": 2}
+    missing = pa.table({k: [v] for k, v in key.items() if k != "k_bin"})
+    assert layout.few_key_bytes(missing) is None  # check_keys refuses it on the batch path
+    twice = pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"]), pa.array([1], pa.int32()), pa.array([b""]),
+                                  pa.array([2], pa.int64())], names=["k_str", "k_str", "k_i32", "k_bin", "k_i64"])
+    assert layout.few_key_bytes(twice) is None
+    batch = pa.RecordBatch.from_pylist([key], schema=pa.schema(KEY_FIELDS))
+    assert layout.few_key_bytes(batch) == layout._encode(batch, layout.key_schema).to_pylist()
+    layout.check_keys(batch, "key")
