@@ -127,15 +127,13 @@ class GroupCommit:
             loop.call_soon(self._begin)
 
     def _begin(self) -> None:
-        try:
-            # Coalesced appends of this flush window go to the segment as one message first.
-            self._tablet.write_pending()
-        except StorageError:
-            pass  # the tablet is offline now: the flush below fails every waiter
-        target = self._tablet.log_end_offset
+        # The coalesced appends of this flush window are written (as one message) by the
+        # executor job, just before its fsync: the loop only closes the window, and appends
+        # arriving meanwhile join the next one, after it in the log.
+        target = self._tablet.take_pending()
         loop = asyncio.get_running_loop()
         self._next_due = max(self._next_due, loop.time()) + FLUSH_SPACING_S
-        self._running = running = loop.run_in_executor(self._executor, self._tablet.flush_up_to, target)
+        self._running = running = loop.run_in_executor(self._executor, self._tablet.write_taken, target)
         running.add_done_callback(functools.partial(self._flushed, target))
 
     def wait_durable(self, offset: int) -> asyncio.Future:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 import os
 import shutil
@@ -120,6 +121,16 @@ class LogTablet:
         # Coalesced appends: offsets given, not written yet (stamped batch, filled meta), all
         # of one input schema; the log end offset counts them.
         self._pending: list[tuple[pa.RecordBatch, BatchMeta]] = []
+        # Flush windows: pending lists the group commit took (`take_pending`, on the event
+        # loop) to be written off the loop (`write_taken`), oldest first. Every writer of
+        # the segments writes them first, under the write lock, so the log stays in offset
+        # order; only a holder of the write lock removes one (once written).
+        self._windows: collections.deque[list[tuple[pa.RecordBatch, BatchMeta]]] = collections.deque()
+        # Guards the pending list, the windows and the offsets they hand out. Taken after the
+        # write lock: writers hold both while they write at the log end, so a coalesced
+        # append that only joins the pending list (`_append_pending`) never waits for a
+        # window being written off the loop, which holds the write lock alone.
+        self._pending_lock = threading.Lock()
         self._pending_schema: pa.Schema | None = None
         self._pending_end = 0
         self._pending_rows = 0
@@ -253,7 +264,7 @@ class LogTablet:
     @property
     def log_end_offset(self) -> int:
         """The next offset to assign (coalesced appends not written yet included)."""
-        if self._pending:
+        if self._pending or self._windows:
             return self._pending_end
         segments = self._view.segments
         return segments[-1].state.next_offset if segments else self._empty_end
@@ -337,13 +348,18 @@ class LogTablet:
                 coalesce and self.config.message_timestamp_type is not TimestampType.LOG_APPEND_TIME):
             records = records.convert_together([records])
         stored_schema, stat_columns, opaque = self._stored_schema(records.schema)
-        with self._write_lock:
+        if coalesce and (self._pending or self._windows):
+            filled = self._append_pending(records, meta, now_ms, leader_epoch)
+            if filled is not None:
+                return filled
+        with self._write_lock, self._pending_lock:
             self._check_open()
             self.check_online()
             pending = self._pending
             if pending and not (coalesce and (self._pending_schema is records.schema
                                               or self._pending_schema.equals(records.schema, check_metadata=True))):
                 self._write_pending_locked()
+                pending = self._pending  # a fresh list: the one written is not appended to again
             base = self.log_end_offset
             records, filled = self._stamp(records, meta, base, now_ms, leader_epoch)
             if coalesce:
@@ -365,24 +381,100 @@ class LogTablet:
             self._write_locked([records], [filled], stored_schema, stat_columns, opaque)
             return filled
 
+    def _append_pending(self, records: pa.RecordBatch, meta: BatchMeta, now_ms: int | None,
+                        leader_epoch: int | None) -> BatchMeta | None:
+        """A coalesced append joining the appends not written yet, under the pending lock
+        only (not the write lock, which a window being written off the loop holds); None
+        when it needs the write lock (nothing pending: its offsets follow the segments;
+        another schema; the window full), and `append` goes on under both locks."""
+        size = _approximate_size(records)
+        limit = min(COALESCE_MAX_BYTES, self.config.segment_bytes // 8)
+        with self._pending_lock:
+            if not (self._pending or self._windows):
+                return None
+            self._check_open()
+            self.check_online()
+            pending = self._pending
+            if pending and not (self._pending_schema is records.schema
+                                or self._pending_schema.equals(records.schema, check_metadata=True)):
+                return None
+            if self._pending_bytes + size >= limit:
+                return None
+            records, filled = self._stamp(records, meta, self._pending_end, now_ms, leader_epoch)
+            if not pending:
+                self._pending_schema = records.schema
+            pending.append((records, filled))
+            self._pending_end = filled.next_offset
+            self._pending_rows += filled.record_count
+            self._pending_bytes += size
+            return filled
+
     def write_pending(self) -> None:
         """Write the coalesced appends waiting to be written (one message per schema run)."""
-        if self._pending:
-            with self._write_lock:
+        if self._pending or self._windows:
+            with self._write_lock, self._pending_lock:
                 self._write_pending_locked()
+
+    def take_pending(self) -> int:
+        """Close the current flush window: the coalesced appends pending so far become a
+        window that `write_taken` writes (off the event loop); appends from now on go to
+        the next one. Cheap (a list swap). Returns the log end offset, which the window's
+        flush makes durable once the window is written."""
+        with self._pending_lock:
+            if self._pending:
+                self._windows.append(self._pending)
+                self._pending = []
+                self._pending_bytes = 0
+                return self._pending_end
+            if self._windows:
+                return self._pending_end
+            segments = self._view.segments
+            return segments[-1].state.next_offset if segments else self._empty_end
+
+    def write_taken(self, offset: int) -> None:
+        """Write the windows taken by `take_pending` (unless a writer did already), then make
+        every batch below ``offset`` durable: the group commit's flush, off the event loop.
+        A failed write takes the tablet offline and raises StorageError."""
+        if self._windows:
+            with self._write_lock:
+                self.check_online()
+                self._write_windows_locked(pending_locked=False)
+        self.flush_up_to(offset)
 
     @property
     def pending_records(self) -> int:
         """Records appended with ``coalesce`` and not written yet."""
         return self._pending_rows
 
+    def _write_windows_locked(self, *, pending_locked: bool) -> None:
+        """Write the taken windows, oldest first; the caller holds the write lock (and the
+        pending lock when ``pending_locked``)."""
+        windows = self._windows
+        while windows:
+            window = windows[0]
+            self._write_coalesced(window)
+            rows = sum(f.record_count for _, f in window)
+            if pending_locked:
+                windows.popleft()
+                self._pending_rows -= rows
+            else:
+                with self._pending_lock:
+                    windows.popleft()
+                    self._pending_rows -= rows
+
     def _write_pending_locked(self) -> None:
+        """Write the taken windows and the pending appends; the caller holds both locks."""
+        if self._windows:
+            self._write_windows_locked(pending_locked=True)
         pending = self._pending
         if not pending:
             return
         self._pending = []
         self._pending_rows = 0
         self._pending_bytes = 0
+        self._write_coalesced(pending)
+
+    def _write_coalesced(self, pending: list[tuple[pa.RecordBatch, BatchMeta]]) -> None:
         stored_schema, stat_columns, opaque = self._stored_schema(pending[0][0].schema)
         try:
             batches = _convert_runs([r for r, _ in pending])
@@ -495,7 +587,7 @@ class LogTablet:
         Kafka does this when a replica becomes leader, so OffsetForLeaderEpoch can answer for
         the epoch before any batch of it is appended.
         """
-        with self._write_lock:
+        with self._write_lock, self._pending_lock:
             latest = self.leader_epochs.latest_epoch
             if latest is None or epoch > latest:
                 self.leader_epochs.assign(epoch, self.log_end_offset)
@@ -899,7 +991,7 @@ class LogTablet:
 
     def close(self) -> None:
         """Flush everything and record that no recovery is needed on the next open."""
-        with self._write_lock:
+        with self._write_lock, self._pending_lock:
             if self._closed:
                 return
             try:
@@ -911,6 +1003,7 @@ class LogTablet:
                 # A full or failing disk: the next open recovers from the files instead.
                 log.error("closing log tablet %s: %s; it will be recovered on the next start", self.directory, exc)
             self._pending = []
+            self._windows.clear()
             self._pending_rows = 0
             for segment in self._view.segments:
                 segment.close_for_append()
@@ -918,8 +1011,9 @@ class LogTablet:
 
     def delete(self) -> None:
         """Remove the bucket's files (DeleteTopics)."""
-        with self._write_lock:
+        with self._write_lock, self._pending_lock:
             self._pending = []
+            self._windows.clear()
             self._pending_rows = 0
             for segment in self._view.segments:
                 segment.close_for_append()
