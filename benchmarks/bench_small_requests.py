@@ -5,7 +5,8 @@ linger.ms 5 sends a record alone when it produces under ~200 records/s). This me
 what one such request costs the broker: C raw connections (threads of this process), each
 keeping D requests in flight, send N acks=all produce requests of one 100 B record to an
 8-partition topic; the broker's CPU time (user + system, all its threads) divided by the
-requests is the figure, with the request rate reached. A broker process on an idle core
+requests is the figure, with the request rate reached, and the CPU of its main thread (the
+event loop's) per request. A broker process on an idle core
 can serve at most 1 s / (CPU per request) requests per second on its event loop.
 
 Run: `python benchmarks/bench_small_requests.py [--rounds 3] [--requests 1500] [--flush ack,none]
@@ -78,6 +79,14 @@ def _connection(bootstrap: str, requests: list[bytes], errors: list[int]) -> Non
             got += 1
 
 
+def _main_thread_cpu(proc: psutil.Process) -> float:
+    """CPU seconds (user + system) of the broker's main thread, which runs its event loop."""
+    for t in proc.threads():
+        if t.id == proc.pid:
+            return t.user_time + t.system_time
+    return 0.0
+
+
 def run_round(spec, requests_per_connection: int) -> dict:
     workdir = make_workdir()
     broker = start_system(spec, workdir)
@@ -88,6 +97,7 @@ def run_round(spec, requests_per_connection: int) -> dict:
         errors: list[int] = []
         proc = psutil.Process(broker.pid)
         before = proc.cpu_times()
+        loop_before = _main_thread_cpu(proc)
         t0 = time.perf_counter()
         threads = [threading.Thread(target=_connection, args=(broker.bootstrap, w, errors)) for w in work]
         for t in threads:
@@ -96,13 +106,15 @@ def run_round(spec, requests_per_connection: int) -> dict:
             t.join()
         elapsed = time.perf_counter() - t0
         after = proc.cpu_times()
+        loop_cpu = _main_thread_cpu(proc) - loop_before
         total = CONNECTIONS * requests_per_connection
         if errors:
             raise RuntimeError(f"{len(errors)} produce requests failed (codes {sorted(set(errors))})")
         cpu = (after.user - before.user) + (after.system - before.system)
         return {"requests": total, "requests_per_s": round(total / elapsed), "broker_cpu_us_per_request":
                 round(cpu / total * 1e6, 1), "user_us": round((after.user - before.user) / total * 1e6, 1),
-                "system_us": round((after.system - before.system) / total * 1e6, 1), "loadavg": os.getloadavg()}
+                "system_us": round((after.system - before.system) / total * 1e6, 1),
+                "loop_cpu_us_per_request": round(loop_cpu / total * 1e6, 1), "loadavg": os.getloadavg()}
     finally:
         broker.stop()
         remove_workdir(workdir)
@@ -170,6 +182,7 @@ def main() -> None:
             figures[specs[flush].name + suffix] = {
                 "median_broker_cpu_us_per_request": statistics.median(x["broker_cpu_us_per_request"] for x in rows),
                 "median_requests_per_s": statistics.median(x["requests_per_s"] for x in rows),
+                "median_loop_cpu_us_per_request": statistics.median(x["loop_cpu_us_per_request"] for x in rows),
                 "rounds": rows}
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(json.dumps({"workload": "small-requests", "machine": machine.describe(),
