@@ -479,6 +479,131 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- snappy */
+
+PyDoc_STRVAR(snappy_doc,
+"snappy_uncompress(block, max_size) -> bytes | None\n\n"
+"Decompress one raw snappy block holding the GIL (for small blocks: handing the GIL\n"
+"over to a library that releases it costs more than the work). None when the block\n"
+"declares more than `max_size` bytes; CorruptRecordError when it is malformed.");
+
+static PyObject *
+snappy_uncompress(PyObject *self, PyObject *args)
+{
+    Py_buffer in;
+    Py_ssize_t max_size;
+    PyObject *result = NULL;
+    const uint8_t *p, *end;
+    uint8_t *out, *o, *oend;
+    uint64_t declared = 0;
+    int shift = 0;
+    const char *bad = NULL;
+
+    if (!PyArg_ParseTuple(args, "y*n:snappy_uncompress", &in, &max_size))
+        return NULL;
+    p = (const uint8_t *)in.buf;
+    end = p + in.len;
+    for (;;) {
+        if (p >= end || shift > 28) {
+            bad = "bad snappy length preamble";
+            goto done;
+        }
+        declared |= (uint64_t)(*p & 0x7F) << shift;
+        if (!(*p++ & 0x80))
+            break;
+        shift += 7;
+    }
+    if (declared > 0xFFFFFFFFu) {
+        bad = "bad snappy length preamble";
+        goto done;
+    }
+    if ((Py_ssize_t)declared > max_size) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    }
+    result = new_bytes((Py_ssize_t)declared, &out, 0);
+    if (result == NULL)
+        goto done;
+    o = out;
+    oend = out + declared;
+    while (p < end) {
+        uint8_t tag = *p++;
+        size_t len, off;
+        switch (tag & 3) {
+        case 0:
+            len = tag >> 2;
+            if (len >= 60) {
+                size_t n = len - 59, k;
+                if ((size_t)(end - p) < n) {
+                    bad = "snappy literal length runs past the block";
+                    goto done;
+                }
+                len = 0;
+                for (k = 0; k < n; k++)
+                    len |= (size_t)p[k] << (8 * k);
+                p += n;
+            }
+            len += 1;
+            if ((size_t)(end - p) < len || (size_t)(oend - o) < len) {
+                bad = "snappy literal runs past the block or the declared length";
+                goto done;
+            }
+            memcpy(o, p, len);
+            o += len;
+            p += len;
+            continue;
+        case 1:
+            if (end - p < 1) {
+                bad = "snappy copy runs past the block";
+                goto done;
+            }
+            len = ((tag >> 2) & 7) + 4;
+            off = ((size_t)(tag >> 5) << 8) | p[0];
+            p += 1;
+            break;
+        case 2:
+            if (end - p < 2) {
+                bad = "snappy copy runs past the block";
+                goto done;
+            }
+            len = (tag >> 2) + 1;
+            off = (size_t)p[0] | ((size_t)p[1] << 8);
+            p += 2;
+            break;
+        default:
+            if (end - p < 4) {
+                bad = "snappy copy runs past the block";
+                goto done;
+            }
+            len = (tag >> 2) + 1;
+            off = (size_t)p[0] | ((size_t)p[1] << 8) | ((size_t)p[2] << 16) | ((size_t)p[3] << 24);
+            p += 4;
+            break;
+        }
+        if (off == 0 || off > (size_t)(o - out) || (size_t)(oend - o) < len) {
+            bad = "snappy copy outside the output";
+            goto done;
+        }
+        {
+            const uint8_t *src = o - off;
+            size_t k;
+            for (k = 0; k < len; k++) /* overlapping copies repeat a pattern */
+                o[k] = src[k];
+            o += len;
+        }
+    }
+    if (o != oend)
+        bad = "snappy block shorter than its declared length";
+done:
+    if (bad) {
+        Py_CLEAR(result);
+        PyErr_Format(CorruptRecordError, "cannot decompress snappy records: %s", bad);
+    }
+    PyBuffer_Release(&in);
+    return result;
+}
+
 /* ---------------------------------------------------------------- encode */
 
 /* A binary/string Arrow array seen through its buffers: element i of the logical
@@ -737,6 +862,7 @@ done:
 static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS, decode_doc},
     {"check_records", check_records, METH_VARARGS, check_doc},
+    {"snappy_uncompress", snappy_uncompress, METH_VARARGS, snappy_doc},
     {"encode_records", encode_records, METH_VARARGS, encode_doc},
     {NULL, NULL, 0, NULL},
 };

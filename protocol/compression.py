@@ -28,6 +28,14 @@ XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
 XERIAL_BLOCK_SIZE = 32 * 1024
 
 _BLOCK_LENGTH = struct.Struct(">i")
+try:
+    # Small snappy blocks (a producer's few records) are decompressed holding the GIL:
+    # cramjam releases it, and on a loop thread shared with the fsync and executor threads
+    # getting it back cost more than the decompression itself.
+    from fluvial.protocol._records import snappy_uncompress as _snappy_small
+except ImportError:  # not built, or built from an older checkout: cramjam for every block
+    _snappy_small = None
+SMALL_SNAPPY_BYTES = 64 * 1024
 
 # The most a compressed records section may expand to. A small batch of zeros can claim
 # gigabytes (a decompression bomb); decompression stops once this much is written.
@@ -89,6 +97,11 @@ def _too_large(codec: Compression, max_size: int) -> MessageTooLargeError:
 
 
 def _snappy_block(block: Buffer, max_size: int) -> Buffer:
+    if _snappy_small is not None and len(block) <= SMALL_SNAPPY_BYTES:
+        out = _snappy_small(block, max_size)
+        if out is None:
+            raise _too_large(Compression.SNAPPY, max_size)
+        return out
     # A raw snappy block states its uncompressed length up front.
     if cramjam.snappy.decompress_raw_len(block) > max_size:
         raise _too_large(Compression.SNAPPY, max_size)

@@ -157,3 +157,61 @@ def test_compression_levels(codec: Compression, levels: list[int]) -> None:
     fast, small = (compress(codec, TEXT, level) for level in levels)
     assert decompress(codec, fast) == decompress(codec, small) == TEXT
     assert len(small) <= len(fast)
+
+
+# ------------------------------------------------------------------ small snappy blocks, compiled
+
+from fluvial.protocol import compression as _compression  # noqa: E402
+
+_small = _compression._snappy_small
+
+
+def _cramjam_outcome(block: bytes, max_size: int):
+    try:
+        if cramjam.snappy.decompress_raw_len(block) > max_size:
+            return "too large"
+        return bytes(cramjam.snappy.decompress_raw(block))
+    except cramjam.DecompressionError:
+        return CorruptRecordError
+
+
+def _compiled_outcome(block: bytes, max_size: int):
+    try:
+        out = _small(block, max_size)
+    except CorruptRecordError:
+        return CorruptRecordError
+    return "too large" if out is None else bytes(out)
+
+
+def test_small_snappy_blocks_use_the_compiled_decoder():
+    assert _small is not None, "the compiled codec is not built (or older than this checkout)"
+
+
+@pytest.mark.skipif(_small is None, reason="compiled codec not built")
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=3000) | st.lists(st.sampled_from([b"ab", b"xyz", b"\0" * 70, b"k"]), max_size=200).map(b"".join),
+       st.data())
+def test_compiled_snappy_agrees_with_cramjam(data, draw):
+    """Byte for byte on valid blocks; the same refusal (CorruptRecordError, or too large)
+    on mutated ones, never a crash."""
+    block = bytearray(cramjam.snappy.compress_raw(data))
+    assert _compiled_outcome(bytes(block), 1 << 20) == data
+    for _ in range(draw.draw(st.integers(0, 3))):
+        at = draw.draw(st.integers(0, len(block) - 1))
+        kind = draw.draw(st.sampled_from(["flip", "cut", "insert"]))
+        if kind == "flip":
+            block[at] = draw.draw(st.integers(0, 255))
+        elif kind == "cut":
+            del block[at:at + draw.draw(st.integers(1, 5))]
+        else:
+            block[at:at] = draw.draw(st.binary(min_size=1, max_size=5))
+        if not block:
+            break
+    max_size = draw.draw(st.sampled_from([1 << 20, len(data), max(len(data) - 1, 0)]))
+    assert _compiled_outcome(bytes(block), max_size) == _cramjam_outcome(bytes(block), max_size)
+
+
+@pytest.mark.skipif(_small is None, reason="compiled codec not built")
+@given(st.binary(max_size=40))
+def test_compiled_snappy_refuses_garbage_like_cramjam(block):
+    assert _compiled_outcome(block, 1 << 20) == _cramjam_outcome(block, 1 << 20)
