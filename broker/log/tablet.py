@@ -356,8 +356,13 @@ class LogTablet:
             self._check_open()
             self.check_online()
             pending = self._pending
-            if pending and not (coalesce and (self._pending_schema is records.schema
-                                              or self._pending_schema.equals(records.schema, check_metadata=True))):
+            if not coalesce:
+                # Written at the segments' end: every taken window and pending append first.
+                if pending or self._windows:
+                    self._write_pending_locked()
+                    pending = self._pending
+            elif pending and not (self._pending_schema is records.schema
+                                  or self._pending_schema.equals(records.schema, check_metadata=True)):
                 self._write_pending_locked()
                 pending = self._pending  # a fresh list: the one written is not appended to again
             base = self.log_end_offset

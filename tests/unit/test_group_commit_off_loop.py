@@ -5,6 +5,7 @@ failure fails every waiter of the window and takes the tablet offline."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -159,10 +160,69 @@ def test_a_plain_append_writes_a_taken_window_first(tmp_path):
         assert written.base_offset == 4 and tablet.written_end_offset == 8
         tablet.write_taken(target)  # the group commit's job: nothing left to write, fsyncs
         assert tablet.flushed_offset == 8 and tablet.pending_records == 0
+        # A window taken with nothing pending after it: a plain append writes it first too.
+        second = [records(1, tag=t) for t in range(10, 13)]
+        for batch in second:
+            tablet.append(batch, meta(), coalesce=True)
+        target = tablet.take_pending()
+        assert target == 11 and tablet.written_end_offset == 8 and not tablet._pending
+        other = records(2, tag=20)
+        written = tablet.append(other, meta())
+        assert written.base_offset == 11 and tablet.written_end_offset == 13
+        tablet.write_taken(target)
         rows = all_rows(tablet)
-        expected = pa.Table.from_batches([*first, later, big])
-        assert rows.column("_offset").to_pylist() == list(range(8))
+        expected = pa.Table.from_batches([*first, later, big, *second, other])
+        assert rows.column("_offset").to_pylist() == list(range(13))
         for name in expected.column_names:
             assert rows.column(name).combine_chunks().equals(expected.column(name).combine_chunks()), name
     finally:
         tablet.close()
+
+
+def test_coalesced_appends_on_the_loop_and_plain_appends_from_a_thread_keep_their_offsets(tmp_path):
+    """Many producers' coalesced appends on the loop, windows written off the loop, and
+    large plain appends from another thread (the produce path's `append_in_thread`) all at
+    once: every batch is read back at the offsets its append answered, nothing lost or
+    reordered, and all of it durable."""
+    executor = ThreadPoolExecutor(2)
+    appender = ThreadPoolExecutor(1)
+
+    async def scenario():
+        bucket = make_bucket(tmp_path, executor)
+        tablet = bucket.tablet
+        loop = asyncio.get_running_loop()
+        answered: list[tuple[int, pa.RecordBatch]] = []
+
+        async def producer(p: int) -> None:
+            for i in range(40):
+                batch = records(1 + i % 2, tag=p * 1000 + i)
+                written = bucket.append(batch, meta(), coalesce=True)
+                answered.append((written.base_offset, batch))
+                await bucket.group_commit.wait_durable(written.next_offset)
+
+        def plain_appends() -> None:
+            for i in range(20):
+                batch = records(50, tag=900_000 + i)
+                written = tablet.append(batch, meta(), leader_epoch=bucket.leader_epoch)
+                answered.append((written.base_offset, batch))
+                loop.call_soon_threadsafe(bucket.appended_off_loop)
+
+        thread_done = loop.run_in_executor(appender, plain_appends)
+        await asyncio.wait_for(asyncio.gather(thread_done, *(producer(p) for p in range(8))), HANG_BOUND_S)
+        await asyncio.wait_for(bucket.group_commit.wait_durable(tablet.log_end_offset), HANG_BOUND_S)
+        total = sum(b.num_rows for _, b in answered)
+        assert tablet.log_end_offset == tablet.high_watermark == total and tablet.pending_records == 0
+        rows = all_rows(tablet)
+        assert rows.column("_offset").to_pylist() == list(range(total))
+        answered.sort(key=lambda a: a[0])
+        expected = pa.Table.from_batches([b for _, b in answered])
+        assert [a[0] for a in answered] == list(
+            itertools.accumulate([0] + [b.num_rows for _, b in answered[:-1]]))
+        for name in expected.column_names:
+            assert rows.column(name).combine_chunks().equals(expected.column(name).combine_chunks()), name
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        appender.shutdown()
+        executor.shutdown()
