@@ -10,12 +10,12 @@ the client's lookup session; as an extra row, the same 1,000-key batches pipelin
 The same operations are then done straight on rocksdict (the KV tablet's very options, keys
 sorted, keys and values encoded beforehand) as the physical reference. Before the lookup
 rounds both are flushed to SST files (the broker's by a KV snapshot), outside the clocks. Every figure is
-given as the median of rounds with its worst round, beside the load average, with the
+given as the median of rounds (after one warm-up lookup round for both, not counted) with its worst round, beside the load average, with the
 CPU time per lookup of the broker and client processes (less sensitive to the load).
 Saves benchmarks/results/pk.json; `--profile DIR` samples the broker with py-spy (in the
 second lookup round: the first reads cold SST blocks).
 
-    python -m benchmarks.bench_pk [--keys 1000000] [--batch 50000] [--buckets 2] [--rounds 5] [--profile DIR]
+    python -m benchmarks.bench_pk [--keys 1000000] [--batch 50000] [--buckets 2] [--warmup 1] [--rounds 5] [--profile DIR]
 """
 from __future__ import annotations
 
@@ -179,6 +179,8 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, default=2)
     ap.add_argument("--lookup-batches", type=int, default=200)
     ap.add_argument("--single-lookups", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="lookup rounds run first for broker and rocksdict alike and not counted (cold SST blocks)")
     ap.add_argument("--rounds", type=int, default=5,
                     help="rounds of the lookup phases, and runs the upsert pass is cut into (median and worst reported)")
     ap.add_argument("--profile", type=Path, default=None,
@@ -236,9 +238,11 @@ def main() -> None:
                 rates, p50s, p99s, ref_rates, ref_p50s, ref_p99s = [], [], [], [], [], []
                 batch_cpu, single_cpu = [], []  # (broker, client) CPU seconds per lookup, per round
                 pipelined, pipelined_cpu = [], []
-                # The profiles sample the second round: the first reads cold SST blocks.
-                profiled = min(1, args.rounds - 1)
-                for r in range(args.rounds):
+                # `--warmup` rounds first, for both alike and not counted: the first round
+                # reads cold SST blocks (broker and rocksdict). The profiles sample the first
+                # counted round (the second round when there is no warm-up).
+                profiled = args.warmup if args.warmup else min(1, args.rounds - 1)
+                for r in range(args.warmup + args.rounds):
                     p = _profiler(broker.proc.pid, prof("lookup") if r == profiled else None)
                     cpu0, client0 = _cpu_s(broker.proc.pid), time.process_time()
                     start = time.perf_counter()
@@ -279,6 +283,10 @@ def main() -> None:
                     ref_p99s.append(float(np.percentile(ref_lat, 99)))
                     load.append(os.getloadavg()[0])
                 ref.close()
+                # Warm-up rounds out of every figure.
+                (rates, p50s, p99s, ref_rates, ref_p50s, ref_p99s, batch_cpu, single_cpu, pipelined,
+                 pipelined_cpu) = (v[args.warmup:] for v in (rates, p50s, p99s, ref_rates, ref_p50s, ref_p99s,
+                                                          batch_cpu, single_cpu, pipelined, pipelined_cpu))
                 reference = {"upsert_rows_per_s": round(ref_upsert),
                              "multi_get_keys_per_s": round(float(np.median(ref_rates))),
                              "multi_get_keys_per_s_worst": round(min(ref_rates)),
@@ -303,6 +311,7 @@ def main() -> None:
         "upsert_seconds": round(upsert_s, 2),
         "lookup_batch_keys": 1000,
         "rounds": args.rounds,
+        "warmup_rounds": args.warmup,
         "batched_lookup_keys_per_s": batched,
         "batched_lookup_keys_per_s_worst": round(min(rates)),
         "batched_lookup_keys_per_s_rounds": [round(x) for x in rates],
