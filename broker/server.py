@@ -3,7 +3,9 @@
 Requests of one connection are handled one after another, as Kafka does, so that
 pipelined produce requests append in the order they were sent. A handler may return a
 `Deferred` (a produce waiting for its fsync); the connection then goes on with the next
-request while a writer task sends the responses strictly in request order.
+request while its `Answers` write the responses strictly in request order, each as soon
+as it and every one before it are ready (from the callback that completes it: no writer
+task, no queue).
 
 A connection with nothing in progress and no request or response for
 `connections.max.idle.ms` is closed (as Kafka does), by one sweeper task for all
@@ -12,6 +14,7 @@ connections rather than a timer each.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import struct
@@ -42,7 +45,9 @@ _SIZE = struct.Struct(">i")
 MAX_IN_FLIGHT = 64
 # At most this many ready answers of a connection are joined into one write.
 _MAX_COALESCED = 32
-_NOTHING = object()
+# Answers written but not yet sent beyond this: the connection reads no further request
+# until the client has taken them (a slow consumer of large fetches).
+_WRITE_BACKLOG = 1 << 20
 
 
 def _api_key(frame: memoryview) -> int:
@@ -73,6 +78,137 @@ class Connection:
     # through (security/sasl.py); None on a PLAINTEXT connection.
     principal: Principal = ANONYMOUS
     auth: Any = None
+
+
+class Answers:
+    """A connection's answers in request order, written as soon as the oldest is ready.
+
+    Each entry is a framed answer (bytes), a fetch's chunks (a list), None (nothing to
+    send) or a future that completes with one of those (a produce waiting for its fsync,
+    a long-polling fetch). A future's done-callback times its request and writes every
+    answer ready at the head, together in one write. Before, a writer task per connection
+    took the answers from a queue: each answer then cost a queue hand-off, a task wake-up
+    for the queue and another for the future, and a separate timing callback, all on the
+    one event loop that many small producers saturate.
+    """
+
+    __slots__ = ("server", "conn", "queue", "closed", "_room", "_written")
+
+    def __init__(self, server: "KafkaServer", conn: Connection):
+        self.server = server
+        self.conn = conn
+        # answers and futures of answers, in request order
+        self.queue: collections.deque = collections.deque()
+        self.closed = False  # gone: answers still completing are dropped
+        self._room: asyncio.Future | None = None  # the reader waits for fewer answers in flight
+        self._written: asyncio.Future | None = None  # the reader waits for every answer to go out
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def add(self, reply: Any, api_key: int = -1, started: float = 0.0) -> None:
+        """The answer to the next request, or a future of it (timed when it completes)."""
+        queue = self.queue
+        queue.append(reply)
+        if isinstance(reply, asyncio.Future):
+            if not reply.done():
+                reply.add_done_callback(functools.partial(self._ready, api_key, started))
+                return
+            self._time(reply, api_key, started)
+        # Otherwise the head is a future not done yet (or whose callback is due): it writes.
+        if len(queue) == 1:
+            self._write_ready()
+
+    def _time(self, reply: asyncio.Future, api_key: int, started: float) -> None:
+        stats = self.server.request_stats
+        if reply.cancelled() or reply.exception() is not None:
+            stats.failed(api_key)
+        else:
+            stats.observe(api_key, time.perf_counter() - started)
+
+    def _ready(self, api_key: int, started: float, reply: asyncio.Future) -> None:
+        self._time(reply, api_key, started)
+        queue = self.queue
+        if queue and queue[0] is reply and not self.closed:
+            self._write_ready()
+
+    def _write_ready(self) -> None:
+        """Write the answers ready at the head of the queue (those covered by one fsync go
+        out together: on loopback and small answers the send is a good part of a request's
+        cost)."""
+        queue, conn = self.queue, self.conn
+        writer = conn.writer
+        # A client gone with requests still in flight: its answers are dropped (asyncio
+        # would log a warning for every write).
+        closing = writer.transport.is_closing()
+        chunks: list = []
+        while queue:
+            item = queue[0]
+            if isinstance(item, asyncio.Future):
+                if not item.done():
+                    break
+                if item.cancelled() or item.exception() is not None:
+                    exc = None if item.cancelled() else item.exception()
+                    log.error("deferred response for %s failed; closing", conn.peer, exc_info=exc)
+                    self._flush(chunks, closing)
+                    self.close()
+                    writer.close()
+                    return
+                item = item.result()
+            queue.popleft()
+            conn.in_progress -= 1
+            if item is not None and not closing:
+                if isinstance(item, list):
+                    chunks.extend(item)  # a fetch answer (record batches uncopied)
+                else:
+                    chunks.append(item)
+                if len(chunks) >= _MAX_COALESCED:
+                    self._flush(chunks, closing)
+                    chunks = []
+        self._flush(chunks, closing)
+        conn.last_active = asyncio.get_running_loop().time()
+        self._wake()
+
+    def _flush(self, chunks: list, closing: bool) -> None:
+        if chunks and not closing:
+            writer = self.conn.writer
+            if len(chunks) == 1:
+                writer.write(chunks[0])
+            else:
+                writer.writelines(chunks)
+
+    def _wake(self) -> None:
+        room = self._room
+        if room is not None and len(self.queue) < MAX_IN_FLIGHT:
+            self._room = None
+            if not room.done():
+                room.set_result(None)
+        written = self._written
+        if written is not None and not self.queue:
+            self._written = None
+            if not written.done():
+                written.set_result(None)
+
+    async def room(self) -> None:
+        """Until fewer than MAX_IN_FLIGHT answers are outstanding."""
+        while len(self.queue) >= MAX_IN_FLIGHT and not self.closed:
+            self._room = asyncio.get_running_loop().create_future()
+            await self._room
+
+    async def all_written(self) -> None:
+        """Until every answer is written (or dropped: the client is gone)."""
+        while self.queue and not self.closed:
+            self._written = asyncio.get_running_loop().create_future()
+            await self._written
+
+    def close(self) -> None:
+        """Nothing more is written; answers still completing are dropped."""
+        self.closed = True
+        self.queue.clear()
+        self._wake()
+        for waiter in (self._room, self._written):
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
 
 class KafkaServer:
@@ -146,7 +282,7 @@ class KafkaServer:
         peer_s = f"{peer[0]}:{peer[1]}" if peer else "?"
         conn = Connection(peer_s, writer, asyncio.get_running_loop().time())
         self._connections[task] = conn
-        outbox: asyncio.Queue = asyncio.Queue(MAX_IN_FLIGHT)
+        answers = Answers(self, conn)
         if self.tls is not None or self.broker.config.security.kafka_sasl:
             try:
                 secured = await secure_connection(self, conn, self.tls)
@@ -156,9 +292,9 @@ class KafkaServer:
                 self._connections.pop(task, None)
                 writer.transport.abort()
                 return
-        sender = asyncio.create_task(self._send_in_order(outbox, conn))
+        cancelled = False
         try:
-            await self._read_requests(reader, outbox, conn)
+            await self._read_requests(reader, answers, conn)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except CloseConnection as exc:
@@ -170,13 +306,16 @@ class KafkaServer:
         except asyncio.CancelledError:
             # Only stop() cancels a connection's task. It ends quietly: asyncio's stream
             # callback would log a cancelled connection task as an error with a traceback.
-            sender.cancel()
+            cancelled = True
         finally:
-            await outbox.put(None)
-            try:
-                await sender
-            except (asyncio.CancelledError, Exception):
-                pass
+            if not cancelled:
+                try:
+                    # The answers of the requests read so far still go out (a client that
+                    # half-closed after its last request gets them), then the connection closes.
+                    await answers.all_written()
+                except asyncio.CancelledError:
+                    pass
+            answers.close()
             writer.close()
             self._connections.pop(task, None)
             for hook in self.connection_closed_hooks:
@@ -185,10 +324,17 @@ class KafkaServer:
                 except Exception:  # noqa: BLE001 - one hook's fault must not stop the others
                     log.exception("connection-closed hook failed")
 
-    async def _read_requests(self, reader: asyncio.StreamReader, outbox: asyncio.Queue, conn: Connection) -> None:
+    async def _read_requests(self, reader: asyncio.StreamReader, answers: Answers, conn: Connection) -> None:
         max_bytes = self.broker.config.max_request_bytes
         loop = asyncio.get_running_loop()
+        writer = conn.writer
         while True:
+            if len(answers) >= MAX_IN_FLIGHT:
+                await answers.room()
+            if writer.transport.get_write_buffer_size() > _WRITE_BACKLOG:
+                await writer.drain()
+            if answers.closed:
+                return
             auth = conn.auth
             # A request already received whole is taken at once (within the same limits).
             buffered = reader.take_buffered_frame(max_bytes if auth is None else min(max_bytes, auth.max_receive))
@@ -218,15 +364,19 @@ class KafkaServer:
             except CloseConnection as exc:
                 self.request_stats.failed(_api_key(frame))
                 if exc.reply is not None:
-                    await outbox.put(exc.reply)
+                    answers.add(exc.reply)
+                else:
+                    conn.in_progress -= 1
                 raise
-            if not isinstance(reply, asyncio.Future):  # a Deferred is timed when its response is ready
-                self.request_stats.observe(_api_key(frame), time.perf_counter() - started)
             if reply is None:
+                self.request_stats.observe(_api_key(frame), time.perf_counter() - started)
                 conn.in_progress -= 1
                 conn.last_active = loop.time()
+            elif isinstance(reply, asyncio.Future):
+                answers.add(reply, _api_key(frame), started)  # timed when it completes
             else:
-                await outbox.put(reply)
+                self.request_stats.observe(_api_key(frame), time.perf_counter() - started)
+                answers.add(reply)
 
     async def _dispatch(self, frame: memoryview, peer: str, started: float, principal: Principal = ANONYMOUS
                         ) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
@@ -275,78 +425,19 @@ class KafkaServer:
         if isinstance(result, Deferred):
             if isinstance(result.awaitable, asyncio.Future):
                 # Completed by a callback with the framed answer (bytes) or None: nothing to
-                # convert, so no task to wrap it in; timed when it completes.
-                result.awaitable.add_done_callback(functools.partial(self._observe, header.api_key, started))
+                # convert, so no task to wrap it in; timed by the connection's Answers.
                 return result.awaitable
-            return asyncio.ensure_future(self._complete(header, result.awaitable, started))
+            return asyncio.ensure_future(self._complete(header, result.awaitable))
         if isinstance(result, EncodedResponse):
             # Framed by the handler (Fetch): written as chunks, the record batches uncopied.
             return result.chunks
         return encode_response(header, result)
 
-    def _observe(self, api_key: int, started: float, done: asyncio.Future) -> None:
-        if done.cancelled() or done.exception() is not None:
-            self.request_stats.failed(api_key)
-        else:
-            self.request_stats.observe(api_key, time.perf_counter() - started)
-
-    async def _complete(self, header: RequestHeader, awaitable: Awaitable[Any], started: float) -> bytes | None:
-        try:
-            response = await awaitable
-        except BaseException:
-            self.request_stats.failed(header.api_key)
-            raise
-        self.request_stats.observe(header.api_key, time.perf_counter() - started)
+    @staticmethod
+    async def _complete(header: RequestHeader, awaitable: Awaitable[Any]) -> bytes | list | None:
+        response = await awaitable
         if response is None or isinstance(response, (bytes, bytearray)):
             return response  # None: nothing to send; bytes: framed by the handler
         if isinstance(response, EncodedResponse):
-            return response.to_bytes()
+            return response.chunks
         return encode_response(header, response)
-
-    async def _send_in_order(self, outbox: asyncio.Queue, conn: Connection) -> None:
-        writer = conn.writer
-        loop = asyncio.get_running_loop()
-        pending = _NOTHING
-        while True:
-            item = await outbox.get() if pending is _NOTHING else pending
-            pending = _NOTHING
-            if item is None:
-                return
-            # Answers ready together (several produce requests of a connection covered by
-            # one fsync) go out in one write: on loopback and small answers the send
-            # itself is a good part of a request's cost.
-            chunks: list = []
-            # A client gone with requests still in flight: its answers are dropped here
-            # (asyncio would log a warning for every write) and the sender goes on to the
-            # end of the queue, so the reader never waits on a full one.
-            closing = writer.transport.is_closing()
-            while True:
-                if not isinstance(item, (list, bytes, bytearray)):
-                    try:
-                        item = await item
-                    except Exception:
-                        log.exception("deferred response for %s failed; closing", conn.peer)
-                        writer.close()
-                        return
-                conn.in_progress -= 1
-                if item is not None and not closing:
-                    if isinstance(item, list):
-                        chunks.extend(item)
-                        break  # a fetch answer (record batches uncopied): written alone
-                    chunks.append(item)
-                if outbox.empty() or len(chunks) >= _MAX_COALESCED:
-                    break
-                nxt = outbox.get_nowait()
-                if nxt is None or isinstance(nxt, list) or (isinstance(nxt, asyncio.Future) and not nxt.done()):
-                    pending = nxt  # not ready yet (or the end): what is ready goes out first
-                    break
-                item = nxt
-            conn.last_active = loop.time()
-            if chunks and not writer.transport.is_closing():
-                if len(chunks) == 1:
-                    writer.write(chunks[0])
-                else:
-                    writer.writelines(chunks)
-            if not closing and ((pending is _NOTHING and outbox.empty())
-                                or writer.transport.get_write_buffer_size() > (4 << 20)):
-                await writer.drain()

@@ -294,7 +294,7 @@ async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[
         p.response = ProducedPartition(p.index, 0, written.base_offset, lat.get(p.topic, -1),
                                        bucket.log_start_offset)
         if acks == -1 and broker.config.flush_policy == "ack":
-            durable_waits.append((p, bucket.group_commit.wait_durable(written.base_offset + written.record_count)))
+            durable_waits.append((p, bucket.group_commit, written.base_offset + written.record_count))
     for p in todo:
         if isinstance(p.converted, FluvialError):
             p.response = _error(p.index, p.converted)
@@ -325,7 +325,7 @@ async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[
                     p.response = ProducedPartition(p.index, 0, duplicate.base_offset, -1, bucket.log_start_offset)
                     if acks == -1 and broker.config.flush_policy == "ack":
                         # The original may still be waiting for its fsync.
-                        durable_waits.append((p, bucket.group_commit.wait_durable(duplicate.last_offset + 1)))
+                        durable_waits.append((p, bucket.group_commit, duplicate.last_offset + 1))
                     continue
             idempotent = producer_state is not None and meta.producer_id >= 0
             # Recorded right at the append (before a primary-key table's RocksDB is updated):
@@ -371,29 +371,32 @@ async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[
         p.response.error_message = str(outcome)
 
     if len(durable_waits) == 1:
-        # The usual small request (one partition): the answer is encoded by a callback of
-        # the bucket's durability future, without a task or coroutine per request.
-        (part, durable), = durable_waits
+        # The usual small request (one partition): the answer is encoded by a callback that
+        # the bucket's flush calls when it completes, without a task, coroutine or future
+        # per request but the answer's own.
+        (part, group_commit, offset), = durable_waits
         reply = asyncio.get_running_loop().create_future()
 
-        def on_durable(f: asyncio.Future) -> None:
+        def on_durable(failure: BaseException | None) -> None:
             if reply.done():
                 return  # the connection went away meanwhile
-            if f.cancelled():
+            if isinstance(failure, asyncio.CancelledError):
                 reply.cancel()
                 return
-            if f.exception() is not None:
-                failed(part, f.exception())
+            if failure is not None:
+                failed(part, failure)
             reply.set_result(answer())
 
-        durable.add_done_callback(on_durable)
+        group_commit.when_durable(offset, on_durable)
         return Deferred(reply)
+
+    waits = [group_commit.wait_durable(offset) for _, group_commit, offset in durable_waits]
 
     async def after_fsync():
         # Each partition is answered by its own bucket's fsync: one failing disk or bucket
         # does not fail the others' acknowledgements.
-        outcomes = await asyncio.gather(*(wait for _, wait in durable_waits), return_exceptions=True)
-        for (p, _), outcome in zip(durable_waits, outcomes):
+        outcomes = await asyncio.gather(*waits, return_exceptions=True)
+        for (p, _, _), outcome in zip(durable_waits, outcomes):
             if isinstance(outcome, BaseException):
                 failed(p, outcome)
         return answer()

@@ -189,3 +189,69 @@ def test_a_steady_producer_and_the_request_after_a_caught_up_backlog_never_wait_
         executor.shutdown()
     assert started == 40
     assert deferred == [], deferred
+
+
+def test_durability_callbacks_are_called_once_in_order_with_futures_alike(tmp_path):
+    """`when_durable` (the one-partition produce answer's wait): each callback is called
+    exactly once, only after the flush covering its offset, in the order asked, mixed with
+    future waits; one already durable is called at once."""
+    executor = ThreadPoolExecutor(1)
+
+    async def scenario():
+        bucket = make_bucket(tmp_path, executor)
+        tablet, commit = bucket.tablet, bucket.group_commit
+        calls: list[tuple[int, object, int]] = []
+        futures = []
+        for i in range(50):
+            written = bucket.append(records(1, tag=i), meta())
+            end = written.next_offset
+            if i % 3 == 0:
+                futures.append((end, commit.wait_durable(end)))
+            else:
+                commit.when_durable(end, lambda failure, end=end: calls.append((end, failure, tablet.flushed_offset)))
+        assert calls == []  # nothing durable before a flush ran
+        for end, wait in futures:
+            await asyncio.wait_for(wait, 10)
+            assert tablet.flushed_offset >= end
+        while len(calls) < 50 - len(futures):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        ends = [end for end, _, _ in calls]
+        assert ends == sorted(ends) and len(set(ends)) == len(ends)  # once each, in order
+        assert all(failure is None and flushed >= end for end, failure, flushed in calls)
+        now: list = []
+        commit.when_durable(tablet.log_end_offset, now.append)
+        assert now == [None]  # durable already: called at once
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        executor.shutdown()
+
+
+def test_a_failed_fsync_fails_every_durability_callback(tmp_path, monkeypatch):
+    executor = ThreadPoolExecutor(1)
+
+    async def scenario():
+        bucket = make_bucket(tmp_path, executor)
+        bucket.append(records(3), meta())
+        segment = bucket.tablet._view.segments[-1]
+
+        def failing_flush():
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(segment, "flush", failing_flush)
+        outcomes: list = []
+        bucket.group_commit.when_durable(3, outcomes.append)
+        bucket.group_commit.when_durable(3, outcomes.append)
+        while len(outcomes) < 2:
+            await asyncio.sleep(0.01)
+        assert all(isinstance(o, StorageError) for o in outcomes), outcomes
+        later: list = []
+        bucket.group_commit.when_durable(4, later.append)  # offline: told at once, never acknowledged
+        assert len(later) == 1 and isinstance(later[0], StorageError)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        executor.shutdown()
