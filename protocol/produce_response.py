@@ -65,12 +65,62 @@ def _array_length(out: bytearray, n: int, flexible: bool) -> None:
         out += _I32.pack(n)
 
 
+# (version, topic) -> (a Struct packing a whole one-partition answer: size, correlation id,
+# the bytes before the partition's fields, its fields, the bytes after them; those bytes).
+_ONE_PARTITION: dict[tuple[int, str], tuple[struct.Struct, bytes, bytes]] = {}
+_ONE_PARTITION_LIMIT = 4096
+
+
+def _one_partition_struct(version: int, topic: str) -> tuple[struct.Struct, bytes, bytes]:
+    flexible = version >= FIRST_FLEXIBLE
+    head = bytearray()
+    if flexible:
+        head.append(0)
+    _array_length(head, 1, flexible)
+    _string(head, topic, flexible, nullable=False)
+    _array_length(head, 1, flexible)
+    tail = bytearray()
+    if version >= 8:
+        _array_length(tail, 0, flexible)  # no record errors
+        _string(tail, None, flexible, nullable=True)  # no error message
+    if flexible:
+        tail += b"\x00\x00"  # partition and topic tags
+    tail += _I32.pack(0)  # throttle time
+    if flexible:
+        tail.append(0)
+    fields = "ihqq" + ("q" if version >= 5 else "")
+    return struct.Struct(f">ii{len(head)}s{fields}{len(tail)}s"), bytes(head), bytes(tail)
+
+
+def _encode_one_partition(version: int, correlation_id: int, topic: str, p: ProducedPartition) -> bytes:
+    """The common answer of a small producer (one topic, one partition, no record errors,
+    no message): one struct pack with the constant parts built once per (version, topic)."""
+    key = (version, topic)
+    hit = _ONE_PARTITION.get(key)
+    if hit is None:
+        if len(_ONE_PARTITION) >= _ONE_PARTITION_LIMIT:
+            _ONE_PARTITION.clear()
+        hit = _ONE_PARTITION[key] = _one_partition_struct(version, topic)
+    packer, head, tail = hit
+    if version >= 5:
+        return packer.pack(packer.size - 4, correlation_id, head, p.index, p.error_code, p.base_offset,
+                           p.log_append_time_ms, p.log_start_offset, tail)
+    return packer.pack(packer.size - 4, correlation_id, head, p.index, p.error_code, p.base_offset,
+                       p.log_append_time_ms, tail)
+
+
 def encode_produce_response(header: RequestHeader, topics: list[tuple[str, list[ProducedPartition]]],
                             throttle_time_ms: int = 0) -> bytes:
     """The framed response (size, correlation id, header tags, body) for the request `header`."""
     version = header.api_version
     if not FIRST_VERSION <= version <= LAST_VERSION:
         raise ValueError(f"Produce v{version} responses are not encoded here")
+    if len(topics) == 1 and throttle_time_ms == 0:
+        name, partitions = topics[0]
+        if len(partitions) == 1:
+            p = partitions[0]
+            if not p.record_errors and p.error_message is None:
+                return _encode_one_partition(version, header.correlation_id, name, p)
     flexible = version >= FIRST_FLEXIBLE
     out = bytearray(8)  # size and correlation id, filled below
     if flexible:

@@ -68,3 +68,22 @@ def test_every_version_round_trips_through_the_decoder():
 def test_versions_outside_the_range_are_refused(version):
     with pytest.raises(ValueError):
         encode_produce_response(RequestHeader(ApiKey.PRODUCE, version, 1, "c", 0), [])
+
+
+one_partition = st.builds(
+    ProducedPartition, index=st.integers(0, 2**31 - 1), error_code=st.sampled_from([0, 1, 6, 10, 56, 87]),
+    base_offset=st.integers(-1, 2**63 - 1), log_append_time_ms=st.integers(-1, 2**62),
+    log_start_offset=st.integers(-1, 2**63 - 1))
+
+
+@given(version=st.sampled_from(VERSIONS), correlation=st.integers(-2**31, 2**31 - 1),
+       name=st.text(min_size=1, max_size=249) | st.just("t" * 130), p=one_partition)
+@settings(max_examples=400, deadline=None)
+def test_the_one_partition_answer_built_from_its_cached_parts_is_kafka_pythons(version, correlation, name, p):
+    """The common small producer's answer takes the cached (version, topic) layout: same bytes,
+    also when the same topic is answered again at another version or correlation id."""
+    header = RequestHeader(ApiKey.PRODUCE, version, correlation, "c", 0)
+    topics = [(name, [p])]
+    assert encode_produce_response(header, topics) == reference(header, 0, topics)
+    again = RequestHeader(ApiKey.PRODUCE, version, correlation ^ 1, "c", 0)
+    assert encode_produce_response(again, topics) == reference(again, 0, topics)
