@@ -6,7 +6,9 @@ acks=all one-record batches of 100 B to an 8-partition topic) against Fluvial (f
 is measured over the sampled window (psutil, the main thread's user + system time, divided
 by the requests answered meanwhile), and each function's share of the loop's samples turns
 into microseconds per request: inclusive (the function and what it calls) and self (its own
-code, C calls it makes included, py-spy's `--native` being off).
+code, C calls it makes included, py-spy's `--native` being off). py-spy samples the loop
+while it waits in epoll too (`EpollSelector.select`: idle time, not CPU): those samples
+are left out, and the others share the measured CPU.
 
 By default the batches are like the Go generator's (franz-go): an idempotent producer per
 connection (sequences counting up) and snappy; `--plain` sends bench_small_requests' batches
@@ -80,6 +82,28 @@ def _connection(bootstrap: str, requests: list[bytes], answered: list[int], slot
             answered[slot] = got
 
 
+_SELECT = "EpollSelector.select (selectors.py)"
+# Steps of a request, by function as py-spy names it: ("self" | "inclusive", function).
+PARTS = {
+    "socket_write": ("self", "_SelectorSocketTransport.write (asyncio/selector_events.py)"),
+    "socket_read": ("self", "_SelectorSocketTransport._read_ready__get_buffer (asyncio/selector_events.py)"),
+    "executor_wakeups": ("self", "BaseSelectorEventLoop._read_from_self (asyncio/selector_events.py)"),
+    "executor_submit": ("inclusive", "BaseEventLoop.run_in_executor (asyncio/base_events.py)"),
+    "produce_handler": ("inclusive", "produce (broker/handlers/produce.py)"),
+    "respond_and_append": ("inclusive", "_respond (broker/handlers/produce.py)"),
+    "request_decode": ("inclusive", "decode_produce_request (protocol/produce_request.py)"),
+    "header_decode": ("inclusive", "decode_request_header (protocol/messages.py)"),
+    "records_checked": ("inclusive", "to_wire_records (broker/kafka_batches.py)"),
+    "answer_encode": ("inclusive", "encode_produce_response (protocol/produce_response.py)"),
+    "loop_callbacks_self": ("self", "Handle._run (asyncio/events.py)"),
+}
+
+
+def parts_of(result: dict) -> dict[str, float]:
+    """The PARTS' microseconds per request from a result's self/inclusive lists (0 when absent)."""
+    return {name: result[f"{kind}_us_per_request"].get(fn, 0.0) for name, (kind, fn) in PARTS.items()}
+
+
 def shares(raw: str) -> tuple[int, dict[str, int], dict[str, int]]:
     """(loop samples, inclusive samples by function, self samples by function)."""
     inclusive: collections.Counter = collections.Counter()
@@ -143,9 +167,14 @@ def main() -> None:
         remove_workdir(workdir)
     total, inclusive, own = shares(raw_path.read_text())
     us_per_request = loop_cpu / max(n, 1) * 1e6
+    # py-spy samples the loop thread in epoll_wait too (idle, not CPU): the other samples
+    # share the loop's measured CPU, so a function's share of them x the CPU per request is
+    # its CPU per request (wall time on a thread that is not starved here).
+    idle = own.get(_SELECT, 0)
+    us_per_sample = us_per_request / max(total - idle, 1)
 
     def per_request(counter: collections.Counter) -> dict[str, float]:
-        return {name: round(c / total * us_per_request, 1) for name, c in counter.most_common(args.top)}
+        return {name: round(c * us_per_sample, 1) for name, c in counter.most_common() if name != _SELECT}
 
     result = {
         "workload": "profile-small-requests", "machine": machine.describe(),
@@ -153,16 +182,17 @@ def main() -> None:
                      "batches": "plain" if args.plain else "idempotent, snappy", "sample_s": args.seconds,
                      "rev": args.rev},
         "requests_per_s": round(n / elapsed), "loop_cpu_us_per_request": round(us_per_request, 1),
-        "loop_samples": total, "inclusive_us_per_request": per_request(inclusive),
+        "loop_samples": total, "idle_samples": idle, "inclusive_us_per_request": per_request(inclusive),
         "self_us_per_request": per_request(own), "loadavg_before": load_before, "loadavg": os.getloadavg(),
     }
+    result["parts_us_per_request"] = parts_of(result)
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"{result['requests_per_s']} requests/s, loop {result['loop_cpu_us_per_request']} us/request, "
           f"load {load_before[0]:.1f}")
     for title, key in (("self", "self_us_per_request"), ("inclusive", "inclusive_us_per_request")):
         print(f"-- {title} us per request")
-        for name, us in list(result[key].items())[:args.top]:
+        for name, us in list(result[key].items())[:args.top]:  # the file keeps them all
             print(f"{us:7.1f}  {name}")
     print(f"saved {args.out}")
 
