@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fluvial.broker import event_loop
 from fluvial.broker.config import BrokerConfig
+from fluvial.client.grpc_io import inline_io
 from fluvial.errors import BrokerStartError
 from fluvial.security.options import add_security_arguments, expand_config_file, security_from_args
 
@@ -178,6 +179,7 @@ async def run_broker(config: BrokerConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    inline_io()  # before gRPC starts (the table API's Flight server): see client/grpc_io.py
     parser = argparse.ArgumentParser(prog="fluvial", description="Fluvial: a Kafka-compatible table broker")
     sub = parser.add_subparsers(dest="command", required=True)
     broker_parser = add_broker_parser(sub)

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 
 import pyarrow.flight as flight
 
+from fluvial.client.grpc_io import inline_io
+
 # Authenticate again when the token has less than this left, so no call races its expiry.
 RENEW_BEFORE_S = 120.0
 TLS_SCHEMES = ("grpc+tls",)
@@ -56,6 +58,7 @@ def flight_client(url: str, security: ConnectionSecurity) -> flight.FlightClient
     scheme = urlsplit(url).scheme
     if scheme not in TLS_SCHEMES + PLAIN_SCHEMES:
         raise ValueError(f"a table API address is grpc://host:port or grpc+tls://host:port, not {url!r}")
+    inline_io()  # gRPC's socket I/O on the calling thread, if gRPC has not started yet (client/grpc_io.py)
     if scheme in TLS_SCHEMES:
         options: dict = {}
         roots = security.root_certs_pem()
