@@ -20,6 +20,38 @@ get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *what
     return 0;
 }
 
+/* The int32 offsets and the data of a binary array, and a third buffer of `itemsize`-byte
+ * items (`what`) the function reads beside them; on failure none is held. */
+static int
+get_binary_and(PyObject *o_off, PyObject *o_data, PyObject *o_third, Py_buffer *off, Py_buffer *data,
+               Py_buffer *third, Py_ssize_t itemsize, const char *what)
+{
+    if (get_buffer(o_off, off, 4, "offsets") < 0)
+        return -1;
+    if (get_buffer(o_data, data, 1, "data") < 0) {
+        PyBuffer_Release(off);
+        return -1;
+    }
+    if (o_third != NULL && get_buffer(o_third, third, itemsize, what) < 0) {
+        PyBuffer_Release(off);
+        PyBuffer_Release(data);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether value j of a binary array of n values (offsets o, data of data_len bytes) lies
+ * inside its buffers; sets IndexError when not. */
+static int
+value_in_bounds(const int32_t *o, Py_ssize_t n, Py_ssize_t data_len, int64_t j)
+{
+    if (j < 0 || j >= n || o[j] < 0 || o[j + 1] < o[j] || o[j + 1] > data_len) {
+        PyErr_Format(PyExc_IndexError, "position %lld is outside the %zd values", (long long)j, n);
+        return 0;
+    }
+    return 1;
+}
+
 /* ------------------------------------------------------------------ keys */
 
 static PyObject *
@@ -115,17 +147,8 @@ gather_bytes(PyObject *self, PyObject *args)
 
     if (!PyArg_ParseTuple(args, "OOO:gather_bytes", &o_off, &o_data, &o_order))
         return NULL;
-    if (get_buffer(o_off, &off, 4, "offsets") < 0)
+    if (get_binary_and(o_off, o_data, o_order, &off, &data, &order, 8, "order") < 0)
         return NULL;
-    if (get_buffer(o_data, &data, 1, "data") < 0) {
-        PyBuffer_Release(&off);
-        return NULL;
-    }
-    if (get_buffer(o_order, &order, 8, "order") < 0) {
-        PyBuffer_Release(&off);
-        PyBuffer_Release(&data);
-        return NULL;
-    }
     n = off.len / 4 - 1;
     count = order.len / 8;
     {
@@ -138,8 +161,7 @@ gather_bytes(PyObject *self, PyObject *args)
         for (i = 0; i < count; i++) {
             int64_t j = ord[i];
             PyObject *b;
-            if (j < 0 || j >= n || o[j] < 0 || o[j + 1] < o[j] || o[j + 1] > data.len) {
-                PyErr_Format(PyExc_IndexError, "position %lld is outside the %zd values", (long long)j, n);
+            if (!value_in_bounds(o, n, data.len, j)) {
                 Py_CLEAR(list);
                 goto done;
             }
@@ -172,17 +194,8 @@ take_binary(PyObject *self, PyObject *args)
 
     if (!PyArg_ParseTuple(args, "OOO:take_binary", &o_off, &o_data, &o_rows))
         return NULL;
-    if (get_buffer(o_off, &off, 4, "offsets") < 0)
+    if (get_binary_and(o_off, o_data, o_rows, &off, &data, &rows, 8, "rows") < 0)
         return NULL;
-    if (get_buffer(o_data, &data, 1, "data") < 0) {
-        PyBuffer_Release(&off);
-        return NULL;
-    }
-    if (get_buffer(o_rows, &rows, 8, "rows") < 0) {
-        PyBuffer_Release(&off);
-        PyBuffer_Release(&data);
-        return NULL;
-    }
     n = off.len / 4 - 1;
     count = rows.len / 8;
     {
@@ -190,10 +203,8 @@ take_binary(PyObject *self, PyObject *args)
         const int64_t *r = (const int64_t *)rows.buf;
         for (i = 0; i < count; i++) {
             int64_t j = r[i];
-            if (j < 0 || j >= n || o[j] < 0 || o[j + 1] < o[j] || o[j + 1] > data.len) {
-                PyErr_Format(PyExc_IndexError, "position %lld is outside the %zd values", (long long)j, n);
+            if (!value_in_bounds(o, n, data.len, j))
                 goto done;
-            }
             total += o[j + 1] - o[j];
         }
         offsets = PyBytes_FromStringAndSize(NULL, (count + 1) * 4);
@@ -338,12 +349,8 @@ key_prefixes(PyObject *self, PyObject *args)
 
     if (!PyArg_ParseTuple(args, "OOn:key_prefixes", &o_off, &o_data, &skip))
         return NULL;
-    if (get_buffer(o_off, &off, 4, "offsets") < 0)
+    if (get_binary_and(o_off, o_data, NULL, &off, &data, NULL, 1, NULL) < 0)
         return NULL;
-    if (get_buffer(o_data, &data, 1, "data") < 0) {
-        PyBuffer_Release(&off);
-        return NULL;
-    }
     n = off.len / 4 - 1;
     if (n < 0)
         n = 0;
@@ -394,17 +401,8 @@ murmur2_keys(PyObject *self, PyObject *args)
 
     if (!PyArg_ParseTuple(args, "OOnO:murmur2_keys", &o_off, &o_data, &skip, &o_head))
         return NULL;
-    if (get_buffer(o_off, &off, 4, "offsets") < 0)
+    if (get_binary_and(o_off, o_data, o_head, &off, &data, &head, 1, "header") < 0)
         return NULL;
-    if (get_buffer(o_data, &data, 1, "data") < 0) {
-        PyBuffer_Release(&off);
-        return NULL;
-    }
-    if (get_buffer(o_head, &head, 1, "header") < 0) {
-        PyBuffer_Release(&off);
-        PyBuffer_Release(&data);
-        return NULL;
-    }
     n = off.len / 4 - 1;
     if (n < 0)
         n = 0;

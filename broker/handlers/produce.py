@@ -123,8 +123,8 @@ def _appends_off_loop(part: _Part, log_append_time: int | None, coalesced: bool)
             and not (coalesced and len(part.wire) < COALESCE_MAX_BYTES))
 
 
-def _convert_and_append(part: _Part, log_append_time: int | None) -> None:
-    _convert(part, log_append_time)
+def _append_converted(part: _Part) -> None:
+    """Append a converted part on this (executor) thread; a refusal becomes its answer."""
     if isinstance(part.converted, FluvialError):
         return
     records, meta = part.converted
@@ -132,6 +132,11 @@ def _convert_and_append(part: _Part, log_append_time: int | None) -> None:
         part.written = part.bucket.table.kind.append_in_thread(part.bucket, records, meta)
     except FluvialError as exc:
         part.converted = exc
+
+
+def _convert_and_append(part: _Part, log_append_time: int | None) -> None:
+    _convert(part, log_append_time)
+    _append_converted(part)
 
 
 class _Pipeline:
@@ -174,13 +179,7 @@ def _append_after(part: _Part, log_append_time: int | None, before: concurrent.f
     _convert(part, log_append_time)
     if before is not None:
         concurrent.futures.wait((before,))
-    if isinstance(part.converted, FluvialError):
-        return
-    records, meta = part.converted
-    try:
-        part.written = part.bucket.table.kind.append_in_thread(part.bucket, records, meta)
-    except FluvialError as exc:
-        part.converted = exc
+    _append_converted(part)
 
 
 async def _admit_transactional(ctx: RequestContext, transactional_id: str | None, part: _Part, meta) -> bool:
