@@ -6,7 +6,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -322,16 +322,21 @@ def lookup_batches(table, batches: Iterable[Any], in_flight: int = 2) -> Iterato
             yield lookup(table, sent.popleft())
         sent_bytes = 0
 
+    def drain(more: Callable[[], bool] = lambda: True) -> Iterator[pa.Table]:
+        """Answers of the sent batches, oldest first, while `more()`; the rest one at a
+        time once the session can no longer answer."""
+        while sent and more():
+            rows = answer()
+            if rows is None:
+                yield from fallback()
+                return
+            yield rows
+
     try:
         for keys in batches:
             batch = _one_batch(as_arrow(keys))
             if session is not None and not session.key_schema.equals(batch.schema):
-                while sent:
-                    rows = answer()
-                    if rows is None:
-                        yield from fallback()
-                        break
-                    yield rows
+                yield from drain()
                 close(False)
             if session is None:
                 try:
@@ -341,12 +346,7 @@ def lookup_batches(table, batches: Iterable[Any], in_flight: int = 2) -> Iterato
                 if session is None:  # another thread's: this batch alone, as `lookup` does
                     yield lookup(table, batch)
                     continue
-            while sent and (len(sent) >= in_flight or sent_bytes + batch.nbytes > PIPELINE_BYTES):
-                rows = answer()
-                if rows is None:
-                    yield from fallback()
-                    break
-                yield rows
+            yield from drain(lambda: len(sent) >= in_flight or sent_bytes + batch.nbytes > PIPELINE_BYTES)
             if session is None:  # the fallback closed it: open another for this batch
                 session = sessions.acquire(table.name, batch.schema)
                 if session is None:
@@ -360,12 +360,7 @@ def lookup_batches(table, batches: Iterable[Any], in_flight: int = 2) -> Iterato
                     raise from_flight(exc) if isinstance(exc, flight.FlightError) else exc from None
             sent.append(batch)
             sent_bytes += batch.nbytes
-        while sent:
-            rows = answer()
-            if rows is None:
-                yield from fallback()
-                break
-            yield rows
+        yield from drain()
     finally:
         close(bool(sent))  # answers still due on the stream: it cannot serve the next lookup
 
