@@ -18,6 +18,12 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from fluvial.broker.log.batch_meta import BatchMeta, decode_parts
+from fluvial.broker.log.flatbuffer_read import deref as _deref
+from fluvial.broker.log.flatbuffer_read import field as _field
+from fluvial.broker.log.flatbuffer_read import field_u8 as _field_u8
+from fluvial.broker.log.flatbuffer_read import root as _root
+from fluvial.broker.log.flatbuffer_read import string_span as _string_span
+from fluvial.broker.log.ipc_compression import compress_record_batch
 from fluvial.broker.log.statistics import STATS_KEY
 
 META_KEY = b"fluvial.batch"
@@ -28,10 +34,7 @@ CRC_KEY = b"fluvial.crc32c"
 _CRC_PLACEHOLDER = b"CRC?CRC?"
 _CONTINUATION = 0xFFFFFFFF
 _PREFIX = struct.Struct("<Ii")
-_U8 = struct.Struct("<B")
-_U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
-_I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
 
 # Message.header_type values of the Arrow IPC flatbuffer schema.
@@ -131,12 +134,20 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"",
     size = batch.get_total_buffer_size()
     if size < MIN_COMPRESSED_BATCH_BYTES:
         compression = "none"
+    batch_schema = batch.schema if schema is None else schema
+    if compression != "none":
+        stored = _stored_schema(batch_schema)
+        if stored.single_message:
+            if batch.schema is not batch_schema and not batch.schema.equals(batch_schema):
+                raise ValueError("the batch's schema is not the stored schema")
+            message = compress_record_batch(batch, compression, custom)
+            return _checksummed(stored.message, message.header, pa.py_buffer(message.body), stats, True)
     options = _OPTIONS_BY_CODEC[compression]
     if size <= _REUSED_MAX_BATCH_BYTES:
-        encoder = _encoders.get(batch.schema if schema is None else schema, compression)
+        encoder = _encoders.get(batch_schema, compression)
         encoded = encoder.write(batch, custom)
         if encoded is not None:
-            return _checksummed(encoder.schema_message, encoded, stats, compression != "none")
+            return _checksummed_message(encoder.schema_message, encoded, stats, compression != "none")
     sink = pa.BufferOutputStream()
     writer = ipc.new_stream(sink, batch.schema, options=options)
     writer.write_batch(batch, custom_metadata=custom)
@@ -144,19 +155,62 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"",
     # buffer ends exactly where the batch body ends.
     data = sink.getvalue()
     schema_length = 8 + _PREFIX.unpack_from(data, 0)[1]
-    return _checksummed(data[:schema_length].to_pybytes(), data.slice(schema_length), stats, compression != "none")
+    return _checksummed_message(data[:schema_length].to_pybytes(), data.slice(schema_length), stats,
+                                compression != "none")
 
 
-def _checksummed(schema_message: bytes, message: pa.Buffer, stats: bytes, compressed: bool) -> EncodedBatch:
+# Compressed batches are written by ipc_compression (one codec context per thread) rather
+# than by Arrow's writer (a context per buffer), for every schema whose batches are a
+# single message: dictionary columns would need dictionary messages before the batch, and
+# segments do not hold those, so such schemas keep Arrow's writer and its error.
+_SCHEMAS_KEPT = 16
+
+
+@dataclass(frozen=True, slots=True)
+class _StoredSchema:
+    schema: pa.Schema
+    message: bytes  # the schema message a stream writer starts with (a unit test checks it)
+    single_message: bool  # no dictionary columns: each batch is one message
+
+
+_stored_schemas: list[_StoredSchema] = []
+
+
+def _stored_schema(schema: pa.Schema) -> _StoredSchema:
+    global _stored_schemas
+    for known in _stored_schemas:
+        if known.schema is schema:
+            return known
+    for known in _stored_schemas:
+        if known.schema.equals(schema, check_metadata=True):
+            return known
+    known = _StoredSchema(schema, schema.serialize().to_pybytes(), not any(_has_dictionary(f.type) for f in schema))
+    # Replaced whole rather than changed in place: executor threads read it without a lock.
+    _stored_schemas = [known, *_stored_schemas[: _SCHEMAS_KEPT - 1]]
+    return known
+
+
+def _has_dictionary(type_: pa.DataType) -> bool:
+    if pa.types.is_dictionary(type_):
+        return True
+    return any(_has_dictionary(type_.field(i).type) for i in range(type_.num_fields))
+
+
+def _checksummed_message(schema_message: bytes, message: pa.Buffer, stats: bytes, compressed: bool) -> EncodedBatch:
     """Split a batch message into header and body and fill in its checksum."""
     header_length = 8 + _PREFIX.unpack_from(message, 0)[1]
-    header = bytearray(message[:header_length])
+    return _checksummed(schema_message, message[:header_length].to_pybytes(), message.slice(header_length), stats,
+                        compressed)
+
+
+def _checksummed(schema_message: bytes, header: bytes, body: pa.Buffer, stats: bytes, compressed: bool) -> EncodedBatch:
+    """Fill in the checksum of a batch message (its header holds the placeholder)."""
+    header = bytearray(header)
     # Found by value rather than by walking the flatbuffer: the placeholder text cannot occur
     # in the binary header fields (it would need lengths or offsets near 2**62).
     crc_at = header.find(_CRC_PLACEHOLDER)
     if crc_at < 0 or header.find(_CRC_PLACEHOLDER, crc_at + 1) >= 0:
         raise AssertionError("checksum placeholder not found exactly once in the batch header")
-    body = message.slice(header_length)
     crc = crc32c.crc32c(header, schema_checksum(schema_message))
     crc = crc32c.crc32c(body, crc)
     header[crc_at : crc_at + 8] = b"%08x" % crc
@@ -381,43 +435,6 @@ def _message_length(view: memoryview, position: int, limit: int | None = None) -
     if body_length < 0 or end > limit:
         raise SegmentFormatError("truncated message body")
     return end - position
-
-
-# A few flatbuffer reads, enough for the Message table. Every read is bounds-checked by
-# struct against the metadata slice, so garbage raises instead of reading elsewhere.
-
-def _root(buf: memoryview) -> int:
-    return _U32.unpack_from(buf, 0)[0]
-
-
-def _field(buf: memoryview, table: int, field_id: int) -> int | None:
-    vtable = table - _I32.unpack_from(buf, table)[0]
-    vtable_length = _U16.unpack_from(buf, vtable)[0]
-    slot = 4 + 2 * field_id
-    if slot + 2 > vtable_length:
-        return None
-    offset = _U16.unpack_from(buf, vtable + slot)[0]
-    return table + offset if offset else None
-
-
-def _field_u8(buf: memoryview, table: int, field_id: int) -> int:
-    pos = _field(buf, table, field_id)
-    return _U8.unpack_from(buf, pos)[0] if pos is not None else 0
-
-
-def _deref(buf: memoryview, pos: int) -> int:
-    return pos + _U32.unpack_from(buf, pos)[0]
-
-
-def _string_span(buf: memoryview, table: int, field_id: int) -> tuple[int, int]:
-    pos = _field(buf, table, field_id)
-    if pos is None:
-        return 0, 0
-    string = _deref(buf, pos)
-    length = _U32.unpack_from(buf, string)[0]
-    if string + 4 + length > len(buf):
-        raise IndexError("string past the end of the header")
-    return string + 4, string + 4 + length
 
 
 def _custom_metadata(buf: memoryview, root: int) -> dict[bytes, tuple[int, int]]:
