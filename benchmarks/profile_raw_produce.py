@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import threading
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks import clients, machine
-from benchmarks.brokers import FLUVIAL_DEFAULT, FLUVIAL_FLUSH_NONE, make_workdir, remove_workdir, start_system
+from benchmarks.brokers import KAFKA, FLUVIAL_DEFAULT, FLUVIAL_FLUSH_NONE, make_workdir, remove_workdir, start_system
 from benchmarks.profile_typed_produce import busy_shares
 
 
@@ -51,14 +52,25 @@ def _minor_faults(pid: int) -> int:
     return int(fields[7])
 
 
+def _client_cpu_s() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=1000, choices=(100, 1000))
     p.add_argument("--records", type=int, default=0, help="default: 1,000,000 at 100 B, 300,000 at 1 KB")
     p.add_argument("--sample-s", type=float, default=3)
     p.add_argument("--flush-policy", choices=("ack", "none"), default="ack")
+    p.add_argument("--client", choices=("confluent", "java"), default="confluent",
+                   help="librdkafka (confluent-kafka) or Apache Kafka's Java producer (ProducerPerformance)")
     p.add_argument("--label", default="", help="saved as profile-raw-produce-<size>-<label>.json")
     p.add_argument("--no-profile", action="store_true", help="measure throughput only")
+    p.add_argument("--native", action="store_true",
+                   help="sample every busy thread with its native frames (py-spy --native), not only the GIL's holder")
+    p.add_argument("--kafka", action="store_true",
+                   help="measure Apache Kafka instead (throughput and CPU per MB only, for comparison)")
     p.add_argument("--perf", action="store_true",
                    help="sample with Linux perf instead (kernel and native frames: benchmarks/.cache/*.perf.txt)")
     args = p.parse_args()
@@ -66,27 +78,31 @@ def main() -> None:
     cache = Path(__file__).parent / ".cache"
     cache.mkdir(exist_ok=True)
     raw_path = cache / f"profile-raw-produce-{args.size}.txt"
-    suffix = f"-{args.label}" if args.label else ""
+    suffix = ("-java" if args.client == "java" else "") + (f"-{args.label}" if args.label else "")
     out = Path(__file__).parent / "results" / f"profile-raw-produce-{args.size}{suffix}.json"
     load_before = os.getloadavg()
     workdir = make_workdir()
-    broker = start_system(FLUVIAL_DEFAULT if args.flush_policy == "ack" else FLUVIAL_FLUSH_NONE, workdir)
+    if args.kafka:
+        args.no_profile = True
+    broker = start_system(KAFKA if args.kafka else FLUVIAL_DEFAULT if args.flush_policy == "ack" else FLUVIAL_FLUSH_NONE,
+                          workdir)
     try:
         topic = clients.unique_name("profile-raw")
         clients.create_topic(broker.bootstrap, topic, 1)
 
         def sample() -> None:
-            time.sleep(1.0)
+            time.sleep(1.0 if args.client == "confluent" else 3.0)  # the JVM starts first
             if args.perf:
                 data = cache / f"profile-raw-produce-{args.size}.perf"
-                subprocess.run(["perf", "record", "-F", "499", "-g", "-p", str(broker.pid), "-o", str(data), "--",
+                subprocess.run(["perf", "record", "-F", "1999", "-g", "-p", str(broker.pid), "-o", str(data), "--",
                                 "sleep", str(args.sample_s)], check=True, capture_output=True)
                 with open(f"{data}.txt", "w") as report:
                     subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--percent-limit", "0.7",
                                     "--stdio", "-g", "none", "--sort", "dso,sym"], stdout=report, check=True)
                 return
-            subprocess.run(["py-spy", "record", "--pid", str(broker.pid), "--format", "raw", "--threads", "--gil",
-                            "-r", "100", "-d", str(int(args.sample_s)), "-o", str(raw_path), "--nonblocking"],
+            mode = ["--native"] if args.native else ["--gil", "--nonblocking"]
+            subprocess.run(["py-spy", "record", "--pid", str(broker.pid), "--format", "raw", "--threads", *mode,
+                            "-r", "100", "-d", str(int(args.sample_s)), "-o", str(raw_path)],
                            check=True, capture_output=True)
 
         sampler = threading.Thread(target=sample)
@@ -94,8 +110,13 @@ def main() -> None:
             sampler.start()
         process = psutil.Process(broker.pid)
         before, faults_before = process.cpu_times(), _minor_faults(broker.pid)
-        figures = clients.produce_confluent(broker.bootstrap, topic, records, args.size, 300).figures()
+        client_before = _client_cpu_s()
+        produce = clients.produce_confluent if args.client == "confluent" else clients.produce_java
+        figures = produce(broker.bootstrap, topic, records, args.size, 300).figures()
         after = process.cpu_times()
+        # The producer's CPU (this process for librdkafka, the JVM child for Java): on two
+        # shared cores, what the broker takes is what the client cannot have.
+        figures["client_cpu_ms_per_mb"] = 1000 * (_client_cpu_s() - client_before) / (records * args.size / 1e6)
         figures["broker_minor_faults_per_mb"] = (_minor_faults(broker.pid) - faults_before) / (records * args.size / 1e6)
         # The broker's own CPU time per MB produced: less sensitive to other load on the
         # machine than the throughput is.
@@ -120,7 +141,7 @@ def main() -> None:
                 top[f"{fields[3]} ({fields[1].strip('[]')})"] = float(fields[0][:-1])
         result = {"workload": "profile-raw-produce", "sampler": "perf", "machine": machine.describe(),
                   "settings": {"size": args.size, "records": records, "flush_policy": args.flush_policy,
-                               "sample_s": args.sample_s},
+                               "sample_s": args.sample_s, "client": args.client},
                   "produce": figures, "top_self_pct": top, "loadavg_before": load_before, "loadavg": os.getloadavg()}
         out = out.with_name(out.stem + "-perf.json")
         out.write_text(json.dumps(result, indent=1))
@@ -131,7 +152,7 @@ def main() -> None:
     result = {
         "workload": "profile-raw-produce", "machine": machine.describe(),
         "settings": {"size": args.size, "records": records, "flush_policy": args.flush_policy,
-                     "sample_s": args.sample_s},
+                     "sample_s": args.sample_s, "client": args.client},
         "produce": figures, "busy_samples": total,
         # Interpreter (GIL) time per MB produced: samples at 100 Hz are 10 ms each.
         "gil_ms_per_mb": round(total * 10 / (figures["MB/s"] * args.sample_s), 2),

@@ -72,6 +72,13 @@ _STARTING = object()
 FLUSH_SPACING_S = 0.004
 FLUSH_BURST = 2
 
+# Flushes of one bucket under way at once. With one, an append written just after a flush
+# began waited for the whole of it and then for its own: a producer keeping a few large
+# requests in flight (the Java producer's five) spent most of its time waiting for answers
+# while the disk idled between the two. The second flush syncs the newer appends beside
+# the first; the log tablet publishes them in the order they began.
+MAX_CONCURRENT_FLUSHES = 2
+
 
 class GroupCommit:
     """Shares one fsync among all appends waiting for durability of a bucket.
@@ -96,7 +103,10 @@ class GroupCommit:
         self._executor = executor
         self._on_durable = on_durable
         self.durable_offset = tablet.flushed_offset
+        # The latest flush: _STARTING, its executor future while under way, or None.
         self._running: asyncio.Future | object | None = None
+        self._in_flight = 0  # flushes handed to the executor and not completed
+        self._covering = self.durable_offset  # the offset the latest flush begun makes durable
         # Rate bound of flush starts (a GCRA): the loop time the next start is due at when
         # starts come at exactly one per FLUSH_SPACING_S; one may start up to
         # (FLUSH_BURST - 1) spacings before it.
@@ -135,6 +145,8 @@ class GroupCommit:
         target = self._tablet.take_pending()
         loop = asyncio.get_running_loop()
         self._next_due = max(self._next_due, loop.time()) + FLUSH_SPACING_S
+        self._covering = max(self._covering, target)
+        self._in_flight += 1
         self._running = running = loop.run_in_executor(self._executor, self._tablet.write_taken, target)
         running.add_done_callback(functools.partial(self._flushed, target))
 
@@ -151,9 +163,15 @@ class GroupCommit:
             waiter.set_exception(exc)
             return waiter
         self._waiters.append((offset, waiter))
-        if self._running is None:
-            self._start()
+        self._start_for(offset)
         return waiter
+
+    def _start_for(self, offset: int) -> None:
+        """Start a flush for a wait on ``offset`` unless one begun or about to begin covers it."""
+        running = self._running
+        if running is None or (running is not _STARTING and offset > self._covering
+                               and self._in_flight < MAX_CONCURRENT_FLUSHES):
+            self._start()
 
     def when_durable(self, offset: int, callback: Callable[[BaseException | None], None]) -> None:
         """Call ``callback(None)`` on the loop once every record below `offset` is durable,
@@ -168,8 +186,7 @@ class GroupCommit:
             callback(exc)
             return
         self._waiters.append((offset, callback))
-        if self._running is None:
-            self._start()
+        self._start_for(offset)
 
     @staticmethod
     def _complete(waiter: asyncio.Future | Callable, failure: BaseException | None) -> None:
@@ -195,8 +212,11 @@ class GroupCommit:
 
     def _flushed(self, target: int, running: asyncio.Future) -> None:
         # Runs on the loop when the executor's flush ends. `_running` is cleared before any
-        # waiter resumes, so a waiter never sees a finished flush as still running.
-        self._running = None
+        # waiter resumes, so a waiter never sees a finished flush as still running (a later
+        # flush may still be under way: it stays the running one).
+        self._in_flight -= 1
+        if self._running is running:
+            self._running = None
         if running.cancelled():
             failure: BaseException | None = asyncio.CancelledError()
         else:
@@ -239,6 +259,8 @@ class GroupCommit:
                 self._waiters or self._tablet.config.flush_policy is FlushPolicy.ACK):
             # Appends that came in during this flush: the next group starts now.
             self._start()
+        elif self._waiters:
+            self._start_for(self._waiters[-1][0])
 
 
 class Bucket:

@@ -304,18 +304,23 @@ class LogSegment:
         Indexes are not fsynced: they are checked against the data on load and rebuilt when
         they disagree, so their durability never decides what is served.
         """
+        # The sync runs on a descriptor of its own (a duplicate of the append descriptor, or
+        # the file opened again once rolled), outside the lock: a roll may close the append
+        # descriptor meanwhile, and two flushes of the log tablet may sync at once.
         with self._fd_lock:
             if self._fd is not None:
-                _sync(self._fd, self.data_path, os.fdatasync)
-            elif not self.deleted:
+                fd, sync = os.dup(self._fd), os.fdatasync
+            elif self.deleted:
+                return
+            else:
                 try:
-                    fd = os.open(self.data_path, os.O_RDONLY)
+                    fd, sync = os.open(self.data_path, os.O_RDONLY), os.fsync
                 except FileNotFoundError:
                     return
-                try:
-                    _sync(fd, self.data_path, os.fsync)
-                finally:
-                    os.close(fd)
+        try:
+            _sync(fd, self.data_path, sync)
+        finally:
+            os.close(fd)
 
     def close_for_append(self) -> None:
         with self._fd_lock:

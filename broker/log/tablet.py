@@ -87,6 +87,12 @@ class LogTablet:
         self.config = config
         self._write_lock = threading.Lock()
         self._flush_lock = threading.Lock()
+        # Flushes are published in the order they began (see flush_up_to): tickets handed
+        # out, tickets published, and the end of what the flushes begun so far cover.
+        self._flush_published = threading.Condition(threading.Lock())
+        self._flush_tickets = 0
+        self._flush_published_tickets = 0
+        self._flush_begun_offset = 0
         self._view = _SegmentList.of(())
         self._log_start = 0
         self._empty_end = 0  # the log end offset while no segment exists
@@ -859,45 +865,78 @@ class LogTablet:
     def flush_up_to(self, offset: int) -> None:
         """Make every batch below ``offset`` durable; callers waiting together share one fsync.
 
-        Blocking: the broker calls it off the event loop.
+        Blocking: the broker calls it off the event loop. Two callers may sync at once (the
+        group commit starts the next flush while one is under way, so that appends written
+        meanwhile are not held for the whole of it first), but the flushed offset moves in
+        the order the flushes began: a flush is published only after every flush begun
+        before it succeeded, so a failed one is never covered by a later one that
+        succeeded (after a failed fsync the kernel may have marked the lost pages clean).
         """
         self.check_online()
         if offset <= self._flushed_offset:
             return
         with self._flush_lock:
             self.check_online()
-            if offset <= self._flushed_offset:
-                return
+            covered = offset <= self._flush_begun_offset
             view = self._view
-            if not view.segments:
-                return
-            target = view.segments[-1].state.next_offset
-            pending = view.segments[view.index_of(self._flushed_offset):]
-            started = time.perf_counter()
-            try:
-                for segment in pending:
-                    segment.flush()
-                if self._directory_dirty:
-                    self._directory_dirty = False
-                    fsync_directory(self.directory)
-                if self._parent_dirty:
-                    fsync_directory(self.directory.parent)
-                    self._parent_dirty = False
-            except OSError as exc:
-                raise self._fail("an fsync", exc) from exc
+            if covered or offset <= self._flushed_offset or not view.segments:
+                pending = None
+            else:
+                target = view.segments[-1].state.next_offset
+                pending = view.segments[view.index_of(self._flushed_offset):]
+                # A directory entry made durable by this flush: one begun later may finish
+                # first, but it is published only after this one.
+                directory_dirty, self._directory_dirty = self._directory_dirty, False
+                parent_dirty, self._parent_dirty = self._parent_dirty, False
+                ticket = self._flush_tickets
+                self._flush_tickets += 1
+                self._flush_begun_offset = max(self._flush_begun_offset, target)
+        if pending is None:
+            if covered and offset > self._flushed_offset:
+                self._await_flushed(offset)  # a flush under way covers it
+            return
+        started = time.perf_counter()
+        failure: StorageError | None = None
+        try:
+            for segment in pending:
+                segment.flush()
+            if directory_dirty:
+                fsync_directory(self.directory)
+            if parent_dirty:
+                fsync_directory(self.directory.parent)
+        except OSError as exc:
+            failure = self._fail("an fsync", exc)
+        else:
             FSYNC_LATENCY.observe(time.perf_counter() - started)
-            self._flushed_offset = target
-            self._last_flush_ms = _now_ms()
-            if len(pending) > 1 or self._last_flush_ms - self._checkpoint_ms >= RECOVERY_CHECKPOINT_INTERVAL_MS:
-                # Everything below target is durable: recovery after a crash checks only what
-                # follows it (rolled segments are skipped, the active one is checked from the
-                # index entry before it). The checkpoint only bounds recovery work (a stale or
-                # lost one means more checking, never less), so no fsync.
-                try:
-                    self._recovery_checkpoint.write(target, durable=False)
-                    self._checkpoint_ms = self._last_flush_ms
-                except OSError as exc:
-                    log.warning("recovery point of %s not updated: %s", self.directory, exc)
+        with self._flush_published:
+            while self._flush_published_tickets != ticket:
+                self._flush_published.wait()
+            try:
+                if failure is not None:
+                    raise failure
+                self.check_online()  # a flush begun before this one failed
+                self._flushed_offset = max(self._flushed_offset, target)
+                self._last_flush_ms = _now_ms()
+                if len(pending) > 1 or self._last_flush_ms - self._checkpoint_ms >= RECOVERY_CHECKPOINT_INTERVAL_MS:
+                    # Everything below target is durable: recovery after a crash checks only what
+                    # follows it (rolled segments are skipped, the active one is checked from the
+                    # index entry before it). The checkpoint only bounds recovery work (a stale or
+                    # lost one means more checking, never less), so no fsync.
+                    try:
+                        self._recovery_checkpoint.write(self._flushed_offset, durable=False)
+                        self._checkpoint_ms = self._last_flush_ms
+                    except OSError as exc:
+                        log.warning("recovery point of %s not updated: %s", self.directory, exc)
+            finally:
+                self._flush_published_tickets += 1
+                self._flush_published.notify_all()
+
+    def _await_flushed(self, offset: int) -> None:
+        """Wait for the flushes under way that cover ``offset`` (one begun already does)."""
+        with self._flush_published:
+            while self._flushed_offset < offset and self._flush_published_tickets < self._flush_tickets:
+                self._flush_published.wait()
+        self.check_online()
 
     def flush(self) -> None:
         self.write_pending()
