@@ -5,10 +5,11 @@ bytes, for the compiled and the NumPy Avro decoder and each storage codec.
 Steps: `records` (Kafka records -> columns, `decode_records`), `avro` (values -> typed
 columns, `TypedValueFormat.to_columns`), `to_arrow` (the whole conversion, both of those
 included), `statistics` (the batch's column bounds alone), `encode-<codec>` (statistics, Arrow
-IPC with buffer compression, checksum: what the log tablet writes), with the bytes written per record for each codec, and the IPC
-write alone at faster zstd levels and lz4 (`codec_choices`, bytes against the Kafka
-batch's), and zstd with a context per buffer (what Arrow's IPC writer does) against one block
-(`zstd_context_per_buffer`). CPU time (process_time) per batch, median of --runs. Saves results/typed-produce-path.json.
+IPC with buffer compression, checksum: what the log tablet writes), with the bytes written per record for each codec, the IPC
+write alone at other zstd levels and lz4 (`codec_choices`, bytes against the Kafka
+batch's), zstd through Arrow's IPC writer (a context per buffer) against the broker's
+(`broker/log/ipc_compression.py`, one context per batch; `zstd_writers`), and zstd with a
+context per buffer against one block (`zstd_context_per_buffer`). CPU time (process_time) per batch, median of --runs. Saves results/typed-produce-path.json.
 
     python -m benchmarks.bench_typed_produce_path [--batch-records 5000] [--runs 7]
 """
@@ -32,6 +33,7 @@ from benchmarks.avro_records import SCHEMA20, confluent_wire, make_record
 from benchmarks.workloads.avro_common import PAD_BY_SIZE as PADS  # values of about 200 B and 1 KB
 from fluvial.broker import kafka_batches
 from fluvial.broker.log.batch_meta import BatchMeta
+from fluvial.broker.log.ipc_compression import compress_record_batch
 from fluvial.broker.log.segment_format import encode_batch
 from fluvial.broker.log.statistics import compute_stats, stats_columns
 from fluvial.broker.metadata import MetadataStore
@@ -89,22 +91,48 @@ def run_size(size: int, n: int, runs: int, fmt: TypedValueFormat, sid: int) -> d
 
         steps[f"encode_{codec}"] = cpu_ms(write, runs)
         bytes_per_record[codec] = round(write() / n, 1)
-    # Faster zstd levels and lz4 against the default (zstd at Arrow's level 1): the IPC
-    # write alone, the stored batch's bytes against the Kafka batch's.
-    levels = {}
-    for codec, level in (("lz4", None), ("zstd", -5), ("zstd", -1), ("zstd", 1), ("zstd", 3)):
-        options = ipc.IpcWriteOptions(use_threads=False, compression=pa.Codec(codec, compression_level=level)
-                                      if level is not None else codec)
+    # Other zstd levels and lz4 against the default (zstd level 1): the IPC write alone as
+    # the broker does it (zstd through its own writer, lz4 through Arrow's), the stored
+    # batch's bytes against the Kafka batch's.
+    lz4_options = ipc.IpcWriteOptions(use_threads=False, compression="lz4")
 
-        def ipc_write() -> int:
-            sink = pa.BufferOutputStream()
-            ipc.new_stream(sink, stored.schema, options=options).write_batch(stored)
-            return sink.getvalue().size
+    def lz4_write() -> int:
+        sink = pa.BufferOutputStream()
+        ipc.new_stream(sink, stored.schema, options=lz4_options).write_batch(stored)
+        return sink.getvalue().size
 
-        label = codec if level is None else f"zstd_level_{level}"
-        levels[label] = {"cpu_ms": round(cpu_ms(ipc_write, runs), 3),
-                         "ratio_to_kafka_bytes": round(ipc_write() / len(raw), 3)}
+    levels = {"lz4": {"cpu_ms": round(cpu_ms(lz4_write, runs), 3), "ratio_to_kafka_bytes": round(lz4_write() / len(raw), 3)}}
+    for level in (-5, -1, 1, 2, 3):
+        def zstd_write() -> int:
+            message = compress_record_batch(stored, {}, level=level)
+            return len(message.header) + len(message.body)
+
+        levels[f"zstd_level_{level}"] = {"cpu_ms": round(cpu_ms(zstd_write, runs), 3),
+                                         "ratio_to_kafka_bytes": round(zstd_write() / len(raw), 3)}
     out["codec_choices"] = levels
+    # zstd through Arrow's IPC writer (a context per buffer) against the broker's (one
+    # context per batch), runs interleaved so that both see the same load.
+    zstd_options = ipc.IpcWriteOptions(use_threads=False, compression="zstd")
+
+    def arrow_write() -> int:
+        sink = pa.BufferOutputStream()
+        ipc.new_stream(sink, stored.schema, options=zstd_options).write_batch(stored)
+        return sink.getvalue().size
+
+    def broker_write() -> int:
+        message = compress_record_batch(stored, {})
+        return len(message.header) + len(message.body)
+
+    times: dict[str, list[float]] = {"arrow_writer": [], "broker_writer": []}
+    for _ in range(3 * runs):
+        for label, fn in (("arrow_writer", arrow_write), ("broker_writer", broker_write)):
+            t = time.process_time()
+            fn()
+            times[label].append(time.process_time() - t)
+    out["zstd_writers"] = {
+        **{f"{label}_cpu_ms": round(1000 * statistics.median(v), 3) for label, v in times.items()},
+        "arrow_writer_bytes": arrow_write(), "broker_writer_bytes": broker_write(),
+    }
     # Arrow compresses each buffer of the batch with a zstd context of its own: the same
     # buffers compressed one by one (as the IPC writer does) against as one block, which is
     # what a context reused across buffers would come close to.

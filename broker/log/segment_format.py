@@ -135,12 +135,12 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"",
     if size < MIN_COMPRESSED_BATCH_BYTES:
         compression = "none"
     batch_schema = batch.schema if schema is None else schema
-    if compression != "none":
+    if compression == "zstd":
         stored = _stored_schema(batch_schema)
         if stored.single_message:
             if batch.schema is not batch_schema and not batch.schema.equals(batch_schema):
                 raise ValueError("the batch's schema is not the stored schema")
-            message = compress_record_batch(batch, compression, custom)
+            message = compress_record_batch(batch, custom)
             return _checksummed(stored.message, message.header, pa.py_buffer(message.body), stats, True)
     options = _OPTIONS_BY_CODEC[compression]
     if size <= _REUSED_MAX_BATCH_BYTES:
@@ -159,10 +159,10 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"",
                                 compression != "none")
 
 
-# Compressed batches are written by ipc_compression (one codec context per thread) rather
-# than by Arrow's writer (a context per buffer), for every schema whose batches are a
-# single message: dictionary columns would need dictionary messages before the batch, and
-# segments do not hold those, so such schemas keep Arrow's writer and its error.
+# zstd-compressed batches are written by ipc_compression (one zstd context per batch)
+# rather than by Arrow's writer (a context per buffer), for every schema whose batches are
+# a single message: dictionary columns would need dictionary messages before the batch,
+# and segments do not hold those, so such schemas keep Arrow's writer and its error.
 _SCHEMAS_KEPT = 16
 
 
