@@ -752,22 +752,69 @@ export_node(Holder *h, const int64_t *kids, int64_t idx, Py_ssize_t *next_extra,
     return a;
 }
 
-static PyObject *
-decode_batch(PyObject *self, PyObject *args)
+/* After the first record: room in every column for the rest of the batch at the first
+ * record's rate (a little more), so that the buffers are not grown and copied a dozen
+ * times each.  A body never needs more than the batch's data; a reservation that fails
+ * is left to the growth on demand. */
+static void
+reserve_for_batch(Node *nodes, Py_ssize_t nnodes, Py_ssize_t n, int64_t data_size)
 {
-    PyObject *o[6], *out = NULL;
-    Arg a[6];
+    Py_ssize_t i;
+    for (i = 0; i < nnodes; i++) {
+        Node *nd = &nodes[i];
+        size_t want = nd->values.len + nd->values.len * (size_t)n / 8 + nd->values.len * (size_t)n;
+        if (want > nd->values.cap && want <= (size_t)16 * (size_t)data_size + 4096)
+            (void)buf_grow(&nd->values, want - nd->values.len);
+        want = nd->body.len + nd->body.len * (size_t)n / 8 + nd->body.len * (size_t)n;
+        if (want > (size_t)data_size)
+            want = (size_t)data_size;
+        if (want > nd->body.cap)
+            (void)buf_grow(&nd->body, want - nd->body.len);
+    }
+}
+
+/* Where record i's Avro value lies: [pos[i], end[i]) (int64 positions), or, framed, the
+ * value at [offsets[i], offsets[i + 1]) (an Arrow binary column's int32 offsets) after the
+ * Confluent wire-format header (magic byte 0, the 4-byte big-endian schema id), which
+ * must name `schema_id`. */
+typedef struct {
+    const int64_t *pos, *end;
+    const int32_t *offsets;
+    int64_t schema_id;
+} Bounds;
+
+#define FRAME_HEADER 5
+
+static inline int
+record_bounds(const Bounds *b, const uint8_t *buf, int64_t size, Py_ssize_t i, int64_t *at, int64_t *end)
+{
+    if (b->offsets == NULL) {
+        *at = b->pos[i];
+        *end = b->end[i];
+        return *at >= 0 && *end >= *at && *end <= size ? OK : BAD;
+    } else {
+        int64_t s = b->offsets[i], e = b->offsets[i + 1];
+        if (s < 0 || e < s || e > size || e - s < FRAME_HEADER || buf[s] != 0)
+            return BAD;
+        if ((((int64_t)buf[s + 1] << 24) | ((int64_t)buf[s + 2] << 16) | ((int64_t)buf[s + 3] << 8) |
+             (int64_t)buf[s + 4]) != b->schema_id)
+            return BAD;
+        *at = s + FRAME_HEADER;
+        *end = e;
+        return OK;
+    }
+}
+
+/* The shared body of decode_batch and decode_framed: a[0..3] are program, symbols, symbol
+ * offsets and data; `bounds` says where each of the `n` records lies. */
+static PyObject *
+decode_records_with(Arg *a, const Bounds *bounds, Py_ssize_t n)
+{
+    PyObject *out = NULL;
     Holder *h = NULL;
-    Py_ssize_t nnodes = 0, nkids, nmaps = 0, n, i, bad_record = -1;
+    Py_ssize_t nnodes = 0, nkids, nmaps = 0, i, bad_record = -1;
     int rc = OK;
 
-    memset(a, 0, sizeof a);
-    if (!PyArg_ParseTuple(args, "OOOOOO:decode_batch", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5]))
-        return NULL;
-    if (arg_get(&a[0], o[0], 0, 8, "program") < 0 || arg_get(&a[1], o[1], 0, 1, "symbols") < 0 ||
-        arg_get(&a[2], o[2], 0, 8, "symbol offsets") < 0 || arg_get(&a[3], o[3], 0, 1, "data") < 0 ||
-        arg_get(&a[4], o[4], 0, 8, "pos") < 0 || arg_get(&a[5], o[5], 0, 8, "end") < 0)
-        goto done;
     h = calloc(1, sizeof(Holder));
     if (h == NULL) {
         PyErr_NoMemory();
@@ -847,29 +894,24 @@ decode_batch(PyObject *self, PyObject *args)
                 goto done;
             }
         }
-        n = a[4].view.len / 8;
-        if (a[5].view.len / 8 != n) {
-            PyErr_SetString(PyExc_ValueError, "pos and end must have one item per record");
-            goto done;
-        }
         {
             Decoder d = {(const uint8_t *)a[3].view.buf, nodes, prog + 2 + 5 * nnodes,
                          (const uint8_t *)a[1].view.buf, symoff, nsymoff};
-            const int64_t *p = (const int64_t *)a[4].view.buf, *e = (const int64_t *)a[5].view.buf;
             const int64_t size = (int64_t)a[3].view.len;
             Py_BEGIN_ALLOW_THREADS
             for (i = 0; i < n; i++) {
-                int64_t at = p[i];
-                if (at < 0 || e[i] < at || e[i] > size)
-                    rc = BAD;
-                else
-                    rc = decode_value(&d, 0, &at, e[i]);
-                if (rc == OK && at != e[i])
+                int64_t at = 0, end = 0;
+                rc = record_bounds(bounds, d.buf, size, i, &at, &end);
+                if (rc == OK)
+                    rc = decode_value(&d, 0, &at, end);
+                if (rc == OK && at != end)
                     rc = BAD; /* bytes left over: the value does not match its writer schema */
                 if (rc != OK) {
                     bad_record = i;
                     break;
                 }
+                if (i == 0 && n > 1)
+                    reserve_for_batch(nodes, nnodes, n - 1, size);
             }
             Py_END_ALLOW_THREADS
         }
@@ -909,7 +951,59 @@ decode_batch(PyObject *self, PyObject *args)
 done:
     if (h != NULL && h->live == 0)
         holder_free(h);
+    return out;
+}
+
+static PyObject *
+decode_batch(PyObject *self, PyObject *args)
+{
+    PyObject *o[6], *out = NULL;
+    Arg a[6];
+    Bounds bounds = {NULL, NULL, NULL, -1};
+
+    memset(a, 0, sizeof a);
+    if (!PyArg_ParseTuple(args, "OOOOOO:decode_batch", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5]))
+        return NULL;
+    if (arg_get(&a[0], o[0], 0, 8, "program") < 0 || arg_get(&a[1], o[1], 0, 1, "symbols") < 0 ||
+        arg_get(&a[2], o[2], 0, 8, "symbol offsets") < 0 || arg_get(&a[3], o[3], 0, 1, "data") < 0 ||
+        arg_get(&a[4], o[4], 0, 8, "pos") < 0 || arg_get(&a[5], o[5], 0, 8, "end") < 0)
+        goto done;
+    if (a[5].view.len != a[4].view.len) {
+        PyErr_SetString(PyExc_ValueError, "pos and end must have one item per record");
+        goto done;
+    }
+    bounds.pos = (const int64_t *)a[4].view.buf;
+    bounds.end = (const int64_t *)a[5].view.buf;
+    out = decode_records_with(a, &bounds, a[4].view.len / 8);
+done:
     args_release(a, 6);
+    return out;
+}
+
+static PyObject *
+decode_framed(PyObject *self, PyObject *args)
+{
+    PyObject *o[5], *out = NULL;
+    Arg a[5];
+    long long schema_id;
+    Bounds bounds = {NULL, NULL, NULL, -1};
+
+    memset(a, 0, sizeof a);
+    if (!PyArg_ParseTuple(args, "OOOOOL:decode_framed", &o[0], &o[1], &o[2], &o[3], &o[4], &schema_id))
+        return NULL;
+    if (arg_get(&a[0], o[0], 0, 8, "program") < 0 || arg_get(&a[1], o[1], 0, 1, "symbols") < 0 ||
+        arg_get(&a[2], o[2], 0, 8, "symbol offsets") < 0 || arg_get(&a[3], o[3], 0, 1, "data") < 0 ||
+        arg_get(&a[4], o[4], 0, 4, "offsets") < 0)
+        goto done;
+    if (a[4].view.len < 4) {
+        PyErr_SetString(PyExc_ValueError, "offsets need one item more than records");
+        goto done;
+    }
+    bounds.offsets = (const int32_t *)a[4].view.buf;
+    bounds.schema_id = schema_id;
+    out = decode_records_with(a, &bounds, a[4].view.len / 4 - 1);
+done:
+    args_release(a, 5);
     return out;
 }
 
@@ -921,10 +1015,19 @@ PyDoc_STRVAR(decode_batch_doc,
 "with pyarrow.Array._import_from_c and the column's type), or, when a record does not\n"
 "decode (any problem, or bytes left over), that record's index as a negative number - 1.");
 
+PyDoc_STRVAR(decode_framed_doc,
+"decode_framed(program, symbols, symbol_offsets, data, offsets, schema_id) -> int\n\n"
+"decode_batch for values in the Confluent wire format, read straight from a binary\n"
+"column's buffers: record i is [offsets[i], offsets[i + 1]) of data (offsets: int32, one\n"
+"more than records), a header (magic byte 0, the 4-byte big-endian schema id, which must\n"
+"be schema_id) then the Avro value. A record without that header counts as one that\n"
+"does not decode. Returns what decode_batch returns.");
+
 static PyMethodDef methods[] = {
     {"read_varints", read_varints, METH_VARARGS, read_varints_doc},
     {"read_blobs", read_blobs, METH_VARARGS, read_blobs_doc},
     {"decode_batch", decode_batch, METH_VARARGS, decode_batch_doc},
+    {"decode_framed", decode_framed, METH_VARARGS, decode_framed_doc},
     {NULL, NULL, 0, NULL},
 };
 

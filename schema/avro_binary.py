@@ -389,6 +389,30 @@ def _decode_native(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.nd
     if program is None:
         return None
     address = _native.decode_batch(program.code, program.symbols, program.symbol_offsets, data, pos, end)
+    return _imported(address, program)
+
+
+def decode_framed(node: AvroNode, values: pa.Array, schema_id: int) -> pa.Array | None:
+    """A batch of Confluent wire-format values (a binary column) all written with
+    `schema_id`, decoded by the compiled decoder straight from the column's buffers (no
+    per-record positions made in NumPy, the header checked in the same pass), or None
+    when anything is not so (a null, another schema id, a record with a problem, no
+    compiled program or decoder): `decode_avro` then decides, and names the problems."""
+    if not USE_NATIVE or not pa.types.is_binary(values.type) or values.null_count or not len(values):
+        return None
+    program = _program(node)
+    if program is None:
+        return None
+    _, offsets, data = values.buffers()
+    if data is None:
+        return None
+    address = _native.decode_framed(program.code, program.symbols, program.symbol_offsets,
+                                    np.frombuffer(data, np.uint8),
+                                    np.frombuffer(offsets, np.int32, len(values) + 1, values.offset * 4), schema_id)
+    return _imported(address, program)
+
+
+def _imported(address: int, program: _Program) -> pa.Array | None:
     if address < 0:
         return None
     arr = pa.Array._import_from_c(address, program.type)

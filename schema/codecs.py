@@ -22,7 +22,7 @@ import pyarrow.json as pa_json
 from fluvial.errors import InvalidRecordError
 from fluvial.schema.arrow_mapping import arrow_to_json_schema
 from fluvial.schema.base64_text import b64decode, b64encode
-from fluvial.schema.avro_binary import DecodeErrors, binary_from_buffers, decode_avro, encode_avro, pad
+from fluvial.schema.avro_binary import DecodeErrors, binary_from_buffers, decode_avro, decode_framed, encode_avro, pad
 from fluvial.schema.compatibility import arrow_can_evolve
 from fluvial.schema.errors import SchemaNotFoundError, UnsupportedSchemaError
 from fluvial.schema.evolution import evolve_array
@@ -250,6 +250,9 @@ class AvroValueCodec(_SubjectCodec):
     schema_type = SchemaType.AVRO
 
     def decode(self, values: pa.Array) -> tuple[pa.StructArray, np.ndarray]:
+        uniform = self._decode_uniform(values)
+        if uniform is not None:
+            return uniform
         v = _Values.of(values, padded=False)
         errors = DecodeErrors(np.full(v.n, -1, np.int64))
         errors.add(np.flatnonzero(~v.valid), "record has no value (null); the table needs one")
@@ -270,6 +273,24 @@ class AvroValueCodec(_SubjectCodec):
         if not parts:
             return pa.array([], self.table_type), np.zeros(0, np.int32)
         return _restore_order(parts, rows, v.n), ids.astype(np.int32)
+
+    def _decode_uniform(self, values: pa.Array) -> tuple[pa.StructArray, np.ndarray] | None:
+        """The usual batch, every value framed with the same writer schema id: the schema
+        id read from the first value, then one compiled pass that checks each value's header
+        and decodes it (no NumPy steps per batch). None when the batch is anything else or
+        has a problem: the general path then decodes it and names each record's problem."""
+        if not isinstance(values, pa.BinaryArray) or not len(values) or values.null_count:
+            return None
+        head = values[0].as_buffer()
+        if head is None or head.size < HEADER_SIZE or head[0] != MAGIC:
+            return None
+        schema_id = int.from_bytes(head[1:HEADER_SIZE], "big")
+        if self.refusal(schema_id) is not None:
+            return None
+        arr = decode_framed(self._writer(schema_id).avro.root, values, schema_id)
+        if arr is None:
+            return None
+        return evolve_array(arr, pa.field("value", self.table_type, False)), np.full(len(values), schema_id, np.int32)
 
     def encode(self, columns: pa.StructArray | pa.RecordBatch, schema_ids: np.ndarray) -> pa.BinaryArray:
         cols = _struct_of(columns)
@@ -414,6 +435,24 @@ class JsonValueCodec(_SubjectCodec):
                     explicit_schema=self._read_schema, unexpected_field_behavior="error"))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 errors.add(np.array([i]), f"value cannot be read as the table's columns: {exc}")
+
+    def _decode_uniform(self, values: pa.Array) -> tuple[pa.StructArray, np.ndarray] | None:
+        """The usual batch, every value framed with the same writer schema id: the schema
+        id read from the first value, then one compiled pass that checks each value's header
+        and decodes it (no NumPy steps per batch). None when the batch is anything else or
+        has a problem: the general path then decodes it and names each record's problem."""
+        if not isinstance(values, pa.BinaryArray) or not len(values) or values.null_count:
+            return None
+        head = values[0].as_buffer()
+        if head is None or head.size < HEADER_SIZE or head[0] != MAGIC:
+            return None
+        schema_id = int.from_bytes(head[1:HEADER_SIZE], "big")
+        if self.refusal(schema_id) is not None:
+            return None
+        arr = decode_framed(self._writer(schema_id).avro.root, values, schema_id)
+        if arr is None:
+            return None
+        return evolve_array(arr, pa.field("value", self.table_type, False)), np.full(len(values), schema_id, np.int32)
 
     def encode(self, columns: pa.StructArray | pa.RecordBatch, schema_ids: np.ndarray) -> pa.BinaryArray:
         cols = _struct_of(columns)
