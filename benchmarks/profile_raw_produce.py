@@ -8,7 +8,15 @@ the GIL (`--gil --format raw`: the interpreter's time, the limit of one broker p
 function over the busy samples, the throughput and the load average to
 `results/profile-raw-produce-<size>[-<label>].json`; the raw py-spy output stays in `benchmarks/.cache/`.
 
-    python -m benchmarks.profile_raw_produce [--size 100|1000] [--records 400000]
+`--client java` produces with Apache Kafka's ProducerPerformance instead, `--kafka` measures
+Apache Kafka itself (no profile), `--perf` samples the whole process with Linux perf. Every
+run also records the producer's CPU per MB (this process and its children: meaningful with
+`--no-profile`, where no sampler runs) and, from the broker's /metrics, the mean produce
+request duration (fsync wait included) and the mean fsync: under flush policy `ack` a
+producer with few requests in flight (Java's five) goes at the pace of those answers.
+`--no-profile --label L` saves its figures too.
+
+    python -m benchmarks.profile_raw_produce [--size 100|1000] [--records 400000] [--client java]
 """
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ import resource
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -50,6 +59,37 @@ def _minor_faults(pid: int) -> int:
     buffer touches costs one, in kernel time."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[7])
+
+
+def _latency_sums(broker) -> dict[str, float]:
+    """Sums and counts of the broker's produce request durations (read to answer ready, the
+    fsync wait included) and of its fsyncs, from its /metrics page; empty for Apache Kafka."""
+    if "--http-port" not in getattr(broker, "listeners", {}):
+        return {}
+    text = urllib.request.urlopen(f"{broker.http_url}/metrics", timeout=10).read().decode()
+    wanted = {'fluvial_kafka_request_duration_seconds_sum{api="produce"}': "produce_s",
+              'fluvial_kafka_request_duration_seconds_count{api="produce"}': "produce_n",
+              "fluvial_log_fsync_duration_seconds_sum": "fsync_s", "fluvial_log_fsync_duration_seconds_count": "fsync_n"}
+    sums = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in wanted:
+            sums[wanted[name]] = float(value)
+    return sums
+
+
+def _latency_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean produce request duration and mean fsync between two scrapes, and the fsyncs per request."""
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+    out = {}
+    if delta("produce_n") > 0:
+        out["produce_request_mean_ms"] = 1000 * delta("produce_s") / delta("produce_n")
+        out["produce_requests"] = delta("produce_n")
+    if delta("fsync_n") > 0:
+        out["fsync_mean_ms"] = 1000 * delta("fsync_s") / delta("fsync_n")
+        out["fsyncs"] = delta("fsync_n")
+    return out
 
 
 def _client_cpu_s() -> float:
@@ -111,9 +151,11 @@ def main() -> None:
         process = psutil.Process(broker.pid)
         before, faults_before = process.cpu_times(), _minor_faults(broker.pid)
         client_before = _client_cpu_s()
+        latency_before = _latency_sums(broker)
         produce = clients.produce_confluent if args.client == "confluent" else clients.produce_java
         figures = produce(broker.bootstrap, topic, records, args.size, 300).figures()
         after = process.cpu_times()
+        figures |= _latency_figures(latency_before, _latency_sums(broker))
         # The producer's CPU (this process for librdkafka, the JVM child for Java): on two
         # shared cores, what the broker takes is what the client cannot have.
         figures["client_cpu_ms_per_mb"] = 1000 * (_client_cpu_s() - client_before) / (records * args.size / 1e6)
@@ -130,7 +172,13 @@ def main() -> None:
         broker.stop()
         remove_workdir(workdir)
     if args.no_profile:
-        print(json.dumps({"produce": figures, "loadavg": os.getloadavg()}))
+        result = {"workload": "profile-raw-produce", "sampler": None, "machine": machine.describe(),
+                  "settings": {"size": args.size, "records": records, "flush_policy": args.flush_policy,
+                               "client": args.client, "system": "kafka" if args.kafka else "fluvial"},
+                  "produce": figures, "loadavg_before": load_before, "loadavg": os.getloadavg()}
+        print(json.dumps(result))
+        if args.label:  # saved only when labelled: a plain run is a quick look
+            out.write_text(json.dumps(result, indent=1))
         return
     if args.perf:
         # Whole-process CPU samples (kernel included) by symbol: "28.52%  [kernel.kallsyms]  [k] name".
