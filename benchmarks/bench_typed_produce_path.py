@@ -3,7 +3,9 @@ Avro records (the produce-avro workload's values) -> the stored Arrow batch -> t
 bytes, for the compiled and the NumPy Avro decoder and each storage codec.
 
 Steps: `records` (Kafka records -> columns, `decode_records`), `avro` (values -> typed
-columns, `TypedValueFormat.to_columns`), `to_arrow` (the whole conversion, both of those
+columns, `TypedValueFormat.to_columns`; `avro_compiled_one_pass` against
+`avro_compiled_general_path`: the one compiled pass over framed values of one writer schema
+against the general path that mixed or faulty batches take, measured alternately), `to_arrow` (the whole conversion, both of those
 included), `statistics` (the batch's column bounds alone), `encode-<codec>` (statistics, Arrow
 IPC with buffer compression, checksum: what the log tablet writes), with the bytes written per record for each codec, the IPC
 write alone at other zstd levels and lz4 (`codec_choices`, bytes against the Kafka
@@ -78,6 +80,19 @@ def run_size(size: int, n: int, runs: int, fmt: TypedValueFormat, sid: int) -> d
             steps[f"to_arrow_{label}"] = cpu_ms(lambda: kafka_batches.to_arrow(view, header, value_format=fmt), runs)
         finally:
             avro_binary.USE_NATIVE = saved
+    # The one-pass decode of framed values (the usual batch: one writer schema) against the
+    # general path (NumPy header parsing, grouping by schema id, then the compiled decoder),
+    # which batches of several writer schemas or with a problem take: measured alternately.
+    one_pass, general = [], []
+    for _ in range(3 * runs):
+        one_pass.append(cpu_ms(lambda: fmt.to_columns(cols.values), 1))
+        fmt.codec._decode_uniform = lambda values: None
+        try:
+            general.append(cpu_ms(lambda: fmt.to_columns(cols.values), 1))
+        finally:
+            del fmt.codec._decode_uniform
+    steps["avro_compiled_one_pass"] = statistics.median(one_pass)
+    steps["avro_compiled_general_path"] = statistics.median(general)
     batch, meta = kafka_batches.to_arrow(view, header, value_format=fmt)
     stored = batch.add_column(0, "_offset", pa.array(range(n), pa.int64()))
     meta = dataclasses.replace(meta, base_offset=0)
