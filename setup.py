@@ -22,5 +22,12 @@ setup(
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,  # kv/batch_io.py falls back to pyarrow and NumPy
         ),
+        Extension(
+            "fluvial.broker._netio",
+            ["broker/_netio.c"],
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                                "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
+            optional=True,  # broker/netio.py: without it every listener uses the asyncio path
+        ),
     ],
 )

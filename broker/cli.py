@@ -56,6 +56,9 @@ def add_broker_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default=d.event_loop,
                    help="the broker's event loop: asyncio's (default) or uvloop's (libuv, in C); "
                         "auto = uvloop when installed and no listener uses TLS")
+    p.add_argument("--kafka-io", choices=["thread", "asyncio"], default=d.kafka_io,
+                   help="PLAINTEXT Kafka listener's socket I/O: thread = a compiled I/O thread (default; "
+                        "asyncio when not built), asyncio = the event loop's transports")
     p.add_argument("--flush-policy", choices=["ack", "interval", "none"], default=d.flush_policy,
                    help="ack: acks=all produce is fsynced before acknowledged (default); interval: every "
                         "--flush-interval-ms; none: left to the OS, like Kafka's default")
@@ -118,6 +121,7 @@ def config_from_args(args, parser: argparse.ArgumentParser | None = None) -> Bro
                         default_partitions=args.default_partitions, max_request_bytes=args.max_request_bytes,
                         connections_max_idle_ms=args.connections_max_idle_ms,
                         slow_callback_ms=args.slow_callback_ms, event_loop=args.event_loop,
+                        kafka_io=args.kafka_io,
                         flush_policy=args.flush_policy, flush_interval_ms=args.flush_interval_ms,
                         retention_check_interval_ms=args.retention_check_interval_ms,
                         log_cleaner_backoff_ms=args.log_cleaner_backoff_ms,

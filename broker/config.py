@@ -33,6 +33,9 @@ class BrokerConfig:
     # The event loop: "asyncio", "uvloop" or "auto" (uvloop when installed and no listener
     # uses TLS); see broker/event_loop.py for why asyncio's stays the default.
     event_loop: str = "asyncio"
+    # The PLAINTEXT Kafka listener's socket I/O: "thread" (a compiled I/O thread, broker/netio.py;
+    # the asyncio path when it is not built) or "asyncio". TLS and SASL listeners always use asyncio.
+    kafka_io: str = "thread"
     # fsync policy of log tablets: "ack" (acks=all produce is fsynced before it is
     # acknowledged), "interval" (every flush_interval_ms), "none" (left to the OS).
     flush_policy: str = "ack"

@@ -220,6 +220,8 @@ class KafkaServer:
         self._server: asyncio.base_events.Server | None = None
         self._connections: dict[asyncio.Task, Connection] = {}
         self._sweeper: asyncio.Task | None = None
+        # The PLAINTEXT listener's compiled I/O thread (broker/netio.py), when in use.
+        self._thread_listener = None
         self.idle_closed = 0
         # Per Kafka API: request latency (read to response ready) and failed requests.
         self.request_stats = RequestStats()
@@ -241,15 +243,26 @@ class KafkaServer:
         if sec.kafka_tls:
             from fluvial.security.tls import server_context
             self.tls = server_context(sec)
-        # Frame readers: a large request is received straight into its own buffer (broker/frames.py).
-        self._server = await frames.start_server(self._on_connection, host, port, limit=1 << 20, backlog=4096)
+        from fluvial.broker import netio
+        if self.broker.config.kafka_io == "thread" and self.tls is None and not sec.kafka_sasl \
+                and netio.available():
+            # Socket I/O on a compiled thread, the loop woken once per batch of frames.
+            self._thread_listener = netio.ThreadListener(self)
+            bound = await self._thread_listener.start(host, port)
+        else:
+            # Frame readers: a large request is received straight into its own buffer (broker/frames.py).
+            self._server = await frames.start_server(self._on_connection, host, port, limit=1 << 20, backlog=4096)
+            bound = self._server.sockets[0].getsockname()[1]
         if self.broker.config.connections_max_idle_ms > 0:
             self._sweeper = asyncio.create_task(self._close_idle(), name="idle-connections")
-        return self._server.sockets[0].getsockname()[1]
+        return bound
 
     async def stop(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._thread_listener is not None:
+            await self._thread_listener.stop()
+            return
         if self._server is not None:
             self._server.close()
         for task in list(self._connections):
