@@ -10,11 +10,12 @@ event loop's) per request. A broker process on an idle core
 can serve at most 1 s / (CPU per request) requests per second on its event loop.
 
 Run: `python benchmarks/bench_small_requests.py [--rounds 3] [--requests 1500] [--flush ack,none]
-[--baseline REV]`. Results: benchmarks/results/small-requests.json (median of the rounds, with
+[--baseline REV] [--kafka-io thread,asyncio]`. Results: benchmarks/results/small-requests.json (median of the rounds, with
 the load average). `--baseline REV` also runs the broker of an older commit (its tree exported
 with `git archive` under benchmarks/.cache/, compiled extensions copied from this checkout), its rounds
 alternating with this checkout's so that both see the same machine load; its figures are
-saved under "<system>@<rev>".
+saved under "<system>@<rev>". `--kafka-io thread,asyncio` also runs the broker with the other
+socket I/O of its Kafka listener (rounds alternating; saved under "<system>@io-<mode>").
 """
 from __future__ import annotations
 
@@ -157,24 +158,44 @@ def python_path(path: Path | None):
                 os.environ["PYTHONPATH"] = old
 
 
+@contextlib.contextmanager
+def broker_args(extra: str):
+    """Brokers started inside get these options too (benchmarks/brokers.py reads them)."""
+    old = os.environ.get("FLUVIAL_BENCH_BROKER_ARGS")
+    if extra:
+        os.environ["FLUVIAL_BENCH_BROKER_ARGS"] = f"{old or ''} {extra}".strip()
+    try:
+        yield
+    finally:
+        if extra:
+            if old is None:
+                os.environ.pop("FLUVIAL_BENCH_BROKER_ARGS", None)
+            else:
+                os.environ["FLUVIAL_BENCH_BROKER_ARGS"] = old
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--requests", type=int, default=1500, help="per connection")
     p.add_argument("--flush", default="ack,none")
     p.add_argument("--baseline", default=None, help="git revision to compare with, rounds alternating")
+    p.add_argument("--kafka-io", default=None,
+                   help="e.g. thread,asyncio: the first is the default run, the others variants (--kafka-io)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "small-requests.json")
     args = p.parse_args()
     specs = {"ack": FLUVIAL_DEFAULT, "none": FLUVIAL_FLUSH_NONE}
-    variants: list[tuple[str, Path | None]] = [("", None)]
+    io_modes = args.kafka_io.split(",") if args.kafka_io else [None]
+    variants: list[tuple[str, Path | None, str | None]] = [("", None, io_modes[0])]
+    variants += [(f"@io-{mode}", None, mode) for mode in io_modes[1:]]
     if args.baseline:
-        variants.append((f"@{args.baseline}", baseline_checkout(args.baseline)))
+        variants.append((f"@{args.baseline}", baseline_checkout(args.baseline), None))
     figures = {}
     for flush in args.flush.split(","):
-        rounds: dict[str, list[dict]] = {suffix: [] for suffix, _ in variants}
+        rounds: dict[str, list[dict]] = {suffix: [] for suffix, _, _ in variants}
         for r in range(args.rounds):
-            for suffix, path in (variants if r % 2 == 0 else variants[::-1]):
-                with python_path(path):
+            for suffix, path, io_mode in (variants if r % 2 == 0 else variants[::-1]):
+                with python_path(path), broker_args(f"--kafka-io {io_mode}" if io_mode else ""):
                     row = run_round(specs[flush], args.requests)
                 print(f"flush {flush}{suffix} round {r}: {json.dumps(row)}", flush=True)
                 rounds[suffix].append(row)
@@ -189,7 +210,7 @@ def main() -> None:
                                     "settings": {"connections": CONNECTIONS, "in_flight": IN_FLIGHT,
                                                  "requests_per_connection": args.requests,
                                                  "partitions": PARTITIONS, "record_bytes": 100,
-                                                 "baseline": args.baseline},
+                                                 "baseline": args.baseline, "kafka_io": args.kafka_io},
                                     "figures": figures}, indent=1))
     print(json.dumps({k: {m: v for m, v in f.items() if m != "rounds"} for k, f in figures.items()}))
 

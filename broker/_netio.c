@@ -73,7 +73,7 @@ typedef struct Conn {
     struct Conn *next_dirty;
     /* --- the I/O thread's own */
     Chunk *out_head, *out_tail;
-    int paused, eof, dead, readable, writable, queued;
+    int paused, eof, dead, readable, writable, queued, hup;
     struct Conn *next_todo;
     unsigned char hdr[4];
     int hdr_got;
@@ -319,7 +319,9 @@ static void do_read(IOThread *t, Conn *c, Batch *b) {
         } else if (consume(t, c, t->scratch, r, b) < 0) {
             return;
         }
-        if ((size_t)r < want) { c->readable = 0; return; }  /* a short read drained the socket */
+        /* A short read drained the socket; unless the peer has ended, whose end may already
+         * be queued behind the data (edge-triggered: no new event would report it). */
+        if ((size_t)r < want && !c->hup) { c->readable = 0; return; }
     }
 }
 
@@ -350,18 +352,15 @@ static Py_ssize_t do_write(IOThread *t, Conn *c, Batch *b) {
         }
         written += r;
         t->bytes_out += (uint64_t)r;
-        while (r > 0) {
+        /* pops what was written, and empty chunks (a writev of only those returns 0) */
+        while (c->out_head) {
             Chunk *k = c->out_head;
             Py_ssize_t left = k->view.len - k->offset;
-            if (r >= left) {
-                r -= left;
-                c->out_head = k->next;
-                if (!c->out_head) c->out_tail = NULL;
-                batch_release(b, k);
-            } else {
-                k->offset += r;
-                r = 0;
-            }
+            if (r < left) { k->offset += r; break; }
+            r -= left;
+            c->out_head = k->next;
+            if (!c->out_head) c->out_tail = NULL;
+            batch_release(b, k);
         }
     }
     /* zero-length chunks at the head */
@@ -460,12 +459,15 @@ static void *io_main(void *arg) {
             if ((uintptr_t)p <= MAX_LISTENERS) { accept_all(t, t->listeners[(uintptr_t)p - 1], &b); continue; }
             Conn *c = p;
             if (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) c->readable = 1;
+            if (ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) c->hup = 1;  /* read on to the end */
             if (ev & (EPOLLOUT | EPOLLHUP | EPOLLERR)) c->writable = 1;
             todo_add(t, c);
         }
         if (woken) {
-            atomic_store(&t->io_wake_pending, 0);
+            /* Drained before the flag is cleared, and the commands taken after: a request made
+             * after the drain either signals again or is among the commands taken below. */
             drain_fd(t->wakefd);
+            atomic_store(&t->io_wake_pending, 0);
             t->n_wakeups++;
         }
         /* commands from Python */
@@ -641,8 +643,9 @@ static PyObject *IOThread_stop(IOThread *t, PyObject *unused) { return stop_thre
 static PyObject *IOThread_fileno(IOThread *t, PyObject *unused) { return PyLong_FromLong(t->notifyfd); }
 
 static PyObject *IOThread_poll(IOThread *t, PyObject *unused) {
-    atomic_store(&t->py_wake_pending, 0);
+    /* Drained before the flag is cleared, the events taken after (see io_main). */
     drain_fd(t->notifyfd);
+    atomic_store(&t->py_wake_pending, 0);
     pthread_mutex_lock(&t->mu);
     Event *e = t->ev_head;
     t->ev_head = t->ev_tail = NULL;
