@@ -22,7 +22,8 @@ from fluvial.errors import InvalidRecordError
 from fluvial.schema import avro_binary
 from fluvial.schema.codecs import AvroValueCodec, value_codec
 from fluvial.schema.registry import SchemaRegistry, parse_schema
-from tests.unit.test_avro_batch_native import EVERY_TYPE, encode, every_type_record
+from fluvial.schema.avro_schema import parse_avro
+from tests.unit.test_avro_batch_native import EVERY_TYPE, both, encode, every_type_record
 
 pytestmark = pytest.mark.skipif(avro_binary._native is None, reason="compiled Avro step not built")
 
@@ -201,3 +202,30 @@ def test_a_batch_of_two_writer_versions_is_decoded_by_the_general_path(tmp_path)
     only_old = pa.array(framed(old, [old_value] * 3), pa.binary())
     result = assert_same(codec, only_old)
     assert result[0] == "ok" and result[1].field("extra").to_pylist() == [None] * 3
+
+
+FLAT = parse_avro({"type": "record", "name": "Flat", "fields": [
+    {"name": "i", "type": "int"}, {"name": "l", "type": "long"}, {"name": "d", "type": "double"},
+    {"name": "s", "type": "string"}]})
+
+
+@pytest.mark.parametrize("case, body", [
+    ("valid", b"\x02\x04" + b"\x00" * 8 + b"\x02a"),
+    ("int beyond 32 bits", b"\x80\x80\x80\x80\x10\x04" + b"\x00" * 8 + b"\x02a"),
+    ("long of ten bytes", b"\x02" + b"\xff" * 9 + b"\x01" + b"\x00" * 8 + b"\x02a"),
+    ("long longer than 64 bits", b"\x02" + b"\xff" * 9 + b"\x02" + b"\x00" * 8 + b"\x02a"),
+    ("non-canonical long", b"\x02\x84\x00" + b"\x00" * 8 + b"\x02a"),
+    ("long cut at the end", b"\x02\x04" + b"\x00" * 8 + b"\x02a" + b"\x80"),
+    ("double cut short", b"\x02\x04" + b"\x00" * 7),
+    ("string past the end", b"\x02\x04" + b"\x00" * 8 + b"\x04a"),
+    ("negative string length", b"\x02\x04" + b"\x00" * 8 + b"\x01a"),
+])
+def test_the_fields_read_inline_agree_with_the_reference(case, body):
+    """A record's long, int, double and string fields are read without a call per field
+    (and varints with ten bytes left without a bound check per byte): the same values and
+    the same refusals as the reference, at the record's end too."""
+    native, reference, problems = both(FLAT.root, [b"\x02\x04" + b"\x00" * 8 + b"\x02b", body])
+    if case in ("valid", "long of ten bytes"):
+        assert problems == [] and native is not None and native.equals(reference)
+    else:
+        assert native is None and [i for i, _ in problems] == [1]
