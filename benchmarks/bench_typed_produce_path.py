@@ -11,7 +11,8 @@ IPC with buffer compression, checksum: what the log tablet writes), with the byt
 write alone at other zstd levels and lz4 (`codec_choices`, bytes against the Kafka
 batch's), zstd through Arrow's IPC writer (a context per buffer) against the broker's
 (`broker/log/ipc_compression.py`, one context per batch; `zstd_writers`), and zstd with a
-context per buffer against one block (`zstd_context_per_buffer`). CPU time (process_time) per batch, median of --runs. Saves results/typed-produce-path.json.
+context per buffer against one block (`zstd_context_per_buffer`), and the same two writers
+on small batches of 20 and 200 records (`small_batches_zstd`). CPU time (process_time) per batch, median of --runs. Saves results/typed-produce-path.json.
 
     python -m benchmarks.bench_typed_produce_path [--batch-records 5000] [--runs 7]
 """
@@ -62,6 +63,37 @@ def kafka_batch(values: list[bytes]) -> bytes:
     return build_batch(base_offset=0, partition_leader_epoch=0, attributes=0, base_timestamp=1_700_000_000_000,
                        max_timestamp=1_700_000_000_000, producer_id=-1, producer_epoch=-1, base_sequence=-1,
                        columns=cols, compression=Compression.NONE)
+
+
+def stored_batch(values: list[bytes], fmt: TypedValueFormat) -> tuple[bytes, pa.RecordBatch, BatchMeta]:
+    """The Kafka batch of ``values`` and the batch the log tablet stores for it."""
+    raw = kafka_batch(values)
+    view, header = memoryview(raw), parse_batch_header(raw)
+    batch, meta = kafka_batches.to_arrow(view, header, value_format=fmt)
+    stored = batch.add_column(0, "_offset", pa.array(range(len(values)), pa.int64()))
+    return raw, stored, dataclasses.replace(meta, base_offset=0)
+
+
+def small_batches(runs: int, fmt: TypedValueFormat, sid: int) -> dict:
+    """zstd writes of small stored batches (a few producers' records each): Arrow's stream
+    writer kept open across batches (as the log tablet kept it) against the broker's writer,
+    CPU microseconds per batch, runs interleaved."""
+    rng = random.Random(7)
+    out = {}
+    for n in (20, 200):
+        _, stored, _ = stored_batch(confluent_wire(SCHEMA20, sid, [make_record(rng, i, PADS[200]) for i in range(n)]), fmt)
+        writer = ipc.new_stream(pa.BufferOutputStream(), stored.schema,
+                                options=ipc.IpcWriteOptions(use_threads=False, compression="zstd"))
+        times: dict[str, list[float]] = {"arrow_writer": [], "broker_writer": []}
+        for _ in range(30 * runs):
+            for label, fn in (("arrow_writer", lambda: writer.write_batch(stored)),
+                              ("broker_writer", lambda: compress_record_batch(stored, {}))):
+                t = time.process_time()
+                fn()
+                times[label].append(time.process_time() - t)
+        out[f"rows_{n}"] = {"buffer_bytes": stored.get_total_buffer_size(),
+                            **{f"{label}_cpu_us": round(1e6 * statistics.median(v), 1) for label, v in times.items()}}
+    return out
 
 
 def run_size(size: int, n: int, runs: int, fmt: TypedValueFormat, sid: int) -> dict:
@@ -181,6 +213,7 @@ def main() -> None:
             "what": "CPU ms per Kafka batch of 20-field Avro records, each step of the typed produce path",
             "about_200_bytes": run_size(200, args.batch_records, args.runs, fmt, sid),
             "about_1_kb": run_size(1000, max(1, args.batch_records // 5), args.runs, fmt, sid),
+            "small_batches_zstd": small_batches(args.runs, fmt, sid),
             "loadavg_before": load_before, "loadavg": os.getloadavg(),
         }
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
