@@ -106,7 +106,11 @@ def _compress_zstd(body: memoryview, spans: list[int], level: int) -> list:
     rather than around each buffer (each time taking it back could wait for the event
     loop's thread for up to the interpreter's switch interval)."""
     segments = zstandard.BufferWithSegments(body, struct.pack(f"<{len(spans)}Q", *spans))
-    frames = _compressors.get(level).multi_compress_to_buffer(segments)
+    try:
+        frames = _compressors.get(level).multi_compress_to_buffer(segments)
+    except zstandard.ZstdError as exc:
+        # ValueError: what the log tablet takes as a batch it could not encode.
+        raise ValueError(f"zstd compression of a batch failed: {exc}") from exc
     return [frames[i] for i in range(len(frames))]
 
 

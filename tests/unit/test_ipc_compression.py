@@ -10,10 +10,12 @@ import threading
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fluvial.broker.log.flatbuffer_read import deref, field, root, vector_span
+from fluvial.broker.log import ipc_compression
 from fluvial.broker.log.ipc_compression import MIN_COMPRESSED_BUFFER_BYTES, compress_record_batch
 from fluvial.broker.log.segment_format import (
     _custom_metadata,
@@ -196,3 +198,14 @@ def test_a_batch_of_another_schema_than_the_stored_one_is_refused():
     batch = pa.record_batch([pa.array(range(3000))], names=["a"])
     with pytest.raises(ValueError):
         encode_batch(batch, meta(), compression="zstd", schema=pa.schema([("a", pa.int32())]))
+
+
+def test_a_codec_failure_is_a_value_error_the_log_tablet_handles(monkeypatch):
+    class Failing:
+        def multi_compress_to_buffer(self, segments):
+            raise zstandard.ZstdError("out of memory")
+
+    monkeypatch.setattr(ipc_compression._compressors, "get", lambda level: Failing())
+    batch = pa.record_batch([pa.array(range(3000))], names=["a"])
+    with pytest.raises(ValueError, match="zstd compression"):
+        encode_batch(batch, meta(), compression="zstd")
