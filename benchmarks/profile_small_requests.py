@@ -96,6 +96,10 @@ PARTS = {
     "records_checked": ("inclusive", "to_wire_records (broker/kafka_batches.py)"),
     "answer_encode": ("inclusive", "encode_produce_response (protocol/produce_response.py)"),
     "loop_callbacks_self": ("self", "Handle._run (asyncio/events.py)"),
+    # --kafka-io thread (broker/netio.py): the batch callback and the calls into the I/O thread
+    "io_events": ("inclusive", "_on_events (broker/netio.py)"),
+    "io_events_self": ("self", "_on_events (broker/netio.py)"),
+    "io_send": ("self", "send (broker/netio.py)"),
 }
 
 

@@ -74,7 +74,8 @@ typedef struct Conn {
     /* --- the I/O thread's own */
     Chunk *out_head, *out_tail;
     int paused, eof, dead, readable, writable, queued, hup;
-    struct Conn *next_todo;
+    struct Conn *next_todo, *next_served;
+    Py_ssize_t written;
     unsigned char hdr[4];
     int hdr_got;
     char *frame;
@@ -390,14 +391,18 @@ static void free_conn(IOThread *t, Conn *c, Batch *b) {
     free(c);
 }
 
-/* One connection's pass: commands, reads, writes, close. Called without the mutex. */
-static void service(IOThread *t, Conn *c, Batch *b) {
-    Py_ssize_t written = 0;
+/* A connection's system calls of a pass (reads, writes), without the mutex. */
+static void service_io(IOThread *t, Conn *c, Batch *b) {
     do_read(t, c, b);
-    if (c->out_head) written = do_write(t, c, b);
+    c->written = c->out_head ? do_write(t, c, b) : 0;
     if (c->dead && c->out_head) drop_output(c, b, t);
-    pthread_mutex_lock(&t->mu);
-    if (written) c->backlog -= written;
+}
+
+/* Its shared state after them, under the mutex (one section for all the pass's connections):
+ * backlog, drain report, close. */
+static void service_shared(IOThread *t, Conn *c, Batch *b) {
+    if (c->written) c->backlog -= c->written;
+    c->written = 0;
     if (c->dead) {
         release_list(b, c->pend_head);
         c->pend_head = c->pend_tail = NULL;
@@ -413,13 +418,31 @@ static void service(IOThread *t, Conn *c, Batch *b) {
         close(c->fd);
         uint64_t id = c->id;
         free_conn(t, c, b);
-        pthread_mutex_unlock(&t->mu);
         batch_event(b, EV_CLOSED, id, NULL, 0);
         return;
     }
-    pthread_mutex_unlock(&t->mu);
     /* more to read than one pass takes: back next pass (epoll_wait then does not sleep) */
     if (c->readable && !c->paused && !c->eof) todo_add(t, c);
+}
+
+/* Under the mutex: the pass's events and released output go to Python; 1 when it must be woken. */
+static int publish_locked(IOThread *t, Batch *b) {
+    int wake = 0;
+    if (b->head) {
+        if (t->ev_tail) t->ev_tail->next = b->head; else t->ev_head = b->head;
+        t->ev_tail = b->tail;
+        wake = 1;
+    }
+    if (b->rel) {
+        Chunk *last = b->rel;
+        while (last->next) last = last->next;
+        last->next = t->rel_head;
+        t->rel_head = b->rel;
+        t->rel_bytes += b->rel_bytes;
+        if (t->rel_bytes >= RELEASE_WAKE_BYTES) wake = 1;
+    }
+    b->head = b->tail = NULL; b->rel = NULL; b->rel_bytes = 0;
+    return wake;
 }
 
 static void publish(IOThread *t, Batch *b) {
@@ -491,13 +514,27 @@ static void *io_main(void *arg) {
         /* one pass over the connections with work */
         Conn *todo = t->todo_head;
         t->todo_head = NULL;
+        Conn *served = NULL;
         while (todo) {
             Conn *c = todo;
             todo = c->next_todo;
             c->queued = 0;
-            service(t, c, &b);  /* may free c */
+            service_io(t, c, &b);
+            c->next_served = served;
+            served = c;
         }
-        publish(t, &b);
+        int wake = 0;
+        if (served || b.head || b.rel) {
+            pthread_mutex_lock(&t->mu);
+            while (served) {
+                Conn *c = served;
+                served = c->next_served;
+                service_shared(t, c, &b);  /* may free c */
+            }
+            wake = publish_locked(t, &b);
+            pthread_mutex_unlock(&t->mu);
+        }
+        if (wake && atomic_exchange(&t->py_wake_pending, 1) == 0) signal_fd(t->notifyfd);
     }
     publish(t, &b);
     return NULL;
@@ -731,6 +768,69 @@ static PyObject *IOThread_send(IOThread *t, PyObject *args) {
     return PyLong_FromSsize_t(backlog);
 }
 
+static PyObject *IOThread_send_many(IOThread *t, PyObject *args) {
+    PyObject *items;
+    Py_ssize_t threshold;
+    if (!PyArg_ParseTuple(args, "O!n", &PyList_Type, &items, &threshold)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (n == 0) return PyList_New(0);
+    /* the buffers first (with the GIL, outside the mutex): one chunk list per item */
+    Chunk **heads = calloc((size_t)n, sizeof *heads), **tails = calloc((size_t)n, sizeof *tails);
+    Py_ssize_t *sizes = calloc((size_t)n, sizeof *sizes);
+    unsigned long long *ids = calloc((size_t)n, sizeof *ids);
+    PyObject *over = NULL;
+    if (!heads || !tails || !sizes || !ids) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        PyObject *data;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+            PyErr_SetString(PyExc_TypeError, "send_many takes a list of (id, data)");
+            goto done;
+        }
+        ids[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(item, 0));
+        if (PyErr_Occurred()) goto done;
+        data = PyTuple_GET_ITEM(item, 1);
+        if (PyList_CheckExact(data) || PyTuple_CheckExact(data)) {
+            Py_ssize_t m = PySequence_Fast_GET_SIZE(data);
+            PyObject **parts = PySequence_Fast_ITEMS(data);
+            for (Py_ssize_t k = 0; k < m; k++)
+                if (add_chunk(&heads[i], &tails[i], parts[k], &sizes[i]) < 0) goto done;
+        } else if (add_chunk(&heads[i], &tails[i], data, &sizes[i]) < 0) {
+            goto done;
+        }
+    }
+    over = PyList_New(0);
+    if (!over) goto done;
+    int any = 0;
+    pthread_mutex_lock(&t->mu);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Conn *c = lookup(t, ids[i]);
+        if (!c || c->want_close || t->stopping) continue;  /* gone: released below */
+        if (heads[i]) {
+            if (c->pend_tail) c->pend_tail->next = heads[i]; else c->pend_head = heads[i];
+            c->pend_tail = tails[i];
+            c->backlog += sizes[i];
+            heads[i] = NULL;
+        }
+        mark_dirty(t, c);
+        any = 1;
+        if (c->backlog > threshold) sizes[i] = -1;  /* reported below, outside the mutex */
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (any) wake_io(t);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (sizes[i] == -1) {
+            PyObject *id = PyLong_FromUnsignedLongLong(ids[i]);
+            if (!id || PyList_Append(over, id) < 0) { Py_XDECREF(id); Py_CLEAR(over); break; }
+            Py_DECREF(id);
+        }
+    }
+done:
+    if (heads) for (Py_ssize_t i = 0; i < n; i++) release_chunks(heads[i]);
+    free(heads); free(tails); free(sizes); free(ids);
+    return over;
+}
+
 static PyObject *IOThread_pause(IOThread *t, PyObject *args) {
     unsigned long long id;
     int paused;
@@ -811,6 +911,9 @@ static PyMethodDef IOThread_methods[] = {
      "Events since the last call: a list of (kind, connection id, payload)."},
     {"send", (PyCFunction)IOThread_send, METH_VARARGS,
      "send(id, buffer or list of buffers): queue output; returns the bytes not yet written (-1: gone)."},
+    {"send_many", (PyCFunction)IOThread_send_many, METH_VARARGS,
+     "send_many([(id, data), ...], threshold): queue output of many connections (one lock, one wake-up); "
+     "returns the ids whose unwritten output is above threshold."},
     {"pause", (PyCFunction)IOThread_pause, METH_VARARGS, "pause(id, paused): stop or resume reading."},
     {"watch_drain", (PyCFunction)IOThread_watch_drain, METH_VARARGS,
      "watch_drain(id, bytes): one DRAINED event once at most this much output is unwritten."},

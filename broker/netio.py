@@ -105,7 +105,8 @@ class _Writer:
         """Close at once (the idle sweeper)."""
         link = self.link
         link.closing = True
-        link.listener.io.close(link.cid, False)
+        if link.listener.io is not None:
+            link.listener.io.close(link.cid, False)
 
 
 class _LinkAnswers(Answers):
@@ -142,11 +143,7 @@ class _Link:
     def send(self, data: Any) -> None:
         if self.closing and self.close_sent:
             return
-        backlog = self.listener.io.send(self.cid, data)
-        if backlog > _WRITE_BACKLOG and not self.backlogged:
-            self.backlogged = True
-            self.listener.io.watch_drain(self.cid, _WRITE_BACKLOG // 4)
-            self.listener.update_pause(self)
+        self.listener.queue_output(self.cid, data)
 
 
 class ThreadListener:
@@ -157,6 +154,9 @@ class ThreadListener:
         self.io = None
         self._links: dict[int, _Link] = {}
         self._sockets: list[socket.socket] = []
+        # Answers written during one step of the loop, handed to the thread together at its
+        # end (one lock and one wake-up of the thread for all of them).
+        self._outbox: list = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -203,6 +203,27 @@ class ThreadListener:
             sock.close()
         self.io = None  # frees the thread's connections (their sockets close)
 
+    # --- output
+
+    def queue_output(self, cid: int, data: Any) -> None:
+        outbox = self._outbox
+        if not outbox:
+            self._loop.call_soon(self._flush_output)
+        outbox.append((cid, data))
+
+    def _flush_output(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        if self.io is None:
+            return
+        for cid in self.io.send_many(outbox, _WRITE_BACKLOG):
+            # Over _WRITE_BACKLOG bytes unsent: no further request is read until the client
+            # has taken most of it (a slow consumer of large fetches).
+            link = self._links.get(cid)
+            if link is not None and not link.backlogged:
+                link.backlogged = True
+                self.io.watch_drain(cid, _WRITE_BACKLOG // 4)
+                self.update_pause(link)
+
     # --- events from the I/O thread (one call per wake-up)
 
     def _on_events(self) -> None:
@@ -242,6 +263,8 @@ class ThreadListener:
                 link = links.get(cid)
                 if link is not None:
                     self._closed(link)
+        if self._outbox:
+            self._flush_output()  # the answers of this batch go out now, not a loop step later
 
     # --- requests
 
@@ -333,6 +356,7 @@ class ThreadListener:
             if not link.close_sent and (not link.answers.queue or link.answers.closed):
                 link.close_sent = True
                 if self.io is not None:
+                    self._flush_output()  # its last answers go first
                     self.io.close(link.cid, True)
             return
         if link.frames:

@@ -288,3 +288,16 @@ def test_thousands_of_round_trips_never_lose_a_wake_up(h):
         ev = h.wait(lambda e: e[0] == FRAME, timeout=5)
         h.io.send(ev[1], framed(bytes(ev[2])))
         assert recv_exactly(client, 4 + len(b"%d" % i)) == framed(b"%d" % i)
+
+
+def test_send_many_queues_for_several_connections_and_reports_backlogs(h):
+    (a, ida), (b, idb) = h.connect(), h.connect()
+    big = bytes(4 << 20)
+    over = h.io.send_many([(ida, b"one"), (idb, [b"x", big]), (12345, b"nobody"), (ida, [b"two", b""])], 1 << 20)
+    assert over == [idb]  # counted when queued: 4 MB not yet written
+    assert recv_exactly(a, 6) == b"onetwo"
+    with pytest.raises(TypeError):
+        h.io.send_many([ida], 0)
+    assert recv_exactly(b, len(big) + 1, timeout=20)[:1] == b"x"
+    h.io.watch_drain(idb, 0)
+    h.wait(lambda e: e[0] == DRAINED and e[1] == idb)
