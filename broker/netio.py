@@ -184,6 +184,7 @@ class ThreadListener:
             raise
         loop.add_reader(self.io.fileno(), self._on_events)
         self.io.start()
+        log.info("Kafka listener socket I/O: compiled I/O thread (--kafka-io thread)")
         return self._sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
