@@ -447,23 +447,9 @@ static int publish_locked(IOThread *t, Batch *b) {
 
 static void publish(IOThread *t, Batch *b) {
     if (!b->head && !b->rel) return;
-    int wake = 0;
     pthread_mutex_lock(&t->mu);
-    if (b->head) {
-        if (t->ev_tail) t->ev_tail->next = b->head; else t->ev_head = b->head;
-        t->ev_tail = b->tail;
-        wake = 1;
-    }
-    if (b->rel) {
-        Chunk *last = b->rel;
-        while (last->next) last = last->next;
-        last->next = t->rel_head;
-        t->rel_head = b->rel;
-        t->rel_bytes += b->rel_bytes;
-        if (t->rel_bytes >= RELEASE_WAKE_BYTES) wake = 1;
-    }
+    int wake = publish_locked(t, b);
     pthread_mutex_unlock(&t->mu);
-    b->head = b->tail = NULL; b->rel = NULL; b->rel_bytes = 0;
     if (wake && atomic_exchange(&t->py_wake_pending, 1) == 0) signal_fd(t->notifyfd);
 }
 

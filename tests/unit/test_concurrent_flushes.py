@@ -53,8 +53,11 @@ def _flush_in_thread(tablet, offset: int) -> tuple[threading.Thread, list]:
     return thread, outcome
 
 
-def test_a_later_flush_is_published_only_after_the_earlier_one(tmp_path, monkeypatch):
+def _second_flush_beside_a_held_first(tmp_path, monkeypatch, fail: bool):
+    """Three records flushed by a thread whose fsync is held, then four more flushed by
+    another thread: (tablet, held fsync, first thread and outcome, second thread and outcome)."""
     held = _HeldFirstFsync()
+    held.fail = fail
     monkeypatch.setattr(fault_injection, "before_fsync", held)
     tablet = open_tablet(tmp_path / "t-0", flush_policy=FlushPolicy.ACK)
     tablet.append(records(3), meta())
@@ -62,6 +65,12 @@ def test_a_later_flush_is_published_only_after_the_earlier_one(tmp_path, monkeyp
     assert held.entered.wait(10)
     tablet.append(records(4), meta())
     second, second_outcome = _flush_in_thread(tablet, 7)
+    return tablet, held, first, first_outcome, second, second_outcome
+
+
+def test_a_later_flush_is_published_only_after_the_earlier_one(tmp_path, monkeypatch):
+    tablet, held, first, first_outcome, second, second_outcome = \
+        _second_flush_beside_a_held_first(tmp_path, monkeypatch, fail=False)
     # The second fsync runs beside the held first one (it does not queue behind it) ...
     deadline = threading.Event()
     for _ in range(500):
@@ -80,15 +89,8 @@ def test_a_later_flush_is_published_only_after_the_earlier_one(tmp_path, monkeyp
 
 
 def test_a_later_flush_never_covers_an_earlier_failed_one(tmp_path, monkeypatch):
-    held = _HeldFirstFsync()
-    held.fail = True
-    monkeypatch.setattr(fault_injection, "before_fsync", held)
-    tablet = open_tablet(tmp_path / "t-0", flush_policy=FlushPolicy.ACK)
-    tablet.append(records(3), meta())
-    first, first_outcome = _flush_in_thread(tablet, 3)
-    assert held.entered.wait(10)
-    tablet.append(records(4), meta())
-    second, second_outcome = _flush_in_thread(tablet, 7)
+    tablet, held, first, first_outcome, second, second_outcome = \
+        _second_flush_beside_a_held_first(tmp_path, monkeypatch, fail=True)
     second.join(0.3)
     held.release.set()
     first.join(10)
