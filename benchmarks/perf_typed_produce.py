@@ -47,10 +47,13 @@ CATEGORIES = [
 ]
 
 
-def categorize(script: str, pid: int) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
-    """Samples per thread kind, and per thread kind each category's share of all samples."""
+def categorize(script: str, pid: int) -> tuple[dict[str, int], dict[str, dict[str, float]], float]:
+    """Samples per thread kind, per thread kind each category's share of all samples, and
+    the share of all samples in the kernel's page-fault handler (fresh pages mapped and
+    zeroed, whichever category the sample went to)."""
     shares: collections.Counter = collections.Counter()
     per_thread: collections.Counter = collections.Counter()
+    faulting = 0
     for sample in script.split("\n\n"):
         lines = [line for line in sample.strip().split("\n") if line.strip()]
         if len(lines) < 2:
@@ -62,11 +65,12 @@ def categorize(script: str, pid: int) -> tuple[dict[str, int], dict[str, dict[st
                         "interpreter_and_other")
         shares[kind, category] += 1
         per_thread[kind] += 1
+        faulting += any("exc_page_fault" in line for line in lines[1:])
     total = sum(per_thread.values()) or 1
     nested: dict[str, dict[str, float]] = {kind: {} for kind in ("other_threads", "event_loop")}
     for (kind, category), n in shares.most_common():
         nested[kind][category] = round(100 * n / total, 1)
-    return dict(per_thread), nested
+    return dict(per_thread), nested, round(100 * faulting / total, 1)
 
 
 def main() -> None:
@@ -103,17 +107,18 @@ def main() -> None:
         remove_workdir(workdir)
     script = subprocess.run(["perf", "script", "-i", str(data_path), "-F", "tid,pid,ip,sym,dso"],
                             capture_output=True, text=True, check=True).stdout
-    per_thread, shares = categorize(script, pid)
+    per_thread, shares, page_fault_pct = categorize(script, pid)
     result = {
         "workload": "perf-typed-produce", "machine": machine.describe(),
         "settings": {"size": args.size, "records": args.records, "sample_s": args.sample_s,
                      "mean_value_bytes": round(data.mean_size, 1)},
         "produce": figures, "samples": per_thread, "share_pct": shares,
+        "page_fault_pct": page_fault_pct,
         "loadavg_before": load_before, "loadavg": os.getloadavg(),
     }
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps(shares, indent=1))
-    print(f"{figures}\nsamples {per_thread}\nsaved {out}")
+    print(f"{figures}\nsamples {per_thread}, in page faults {page_fault_pct}%\nsaved {out}")
 
 
 if __name__ == "__main__":

@@ -67,15 +67,17 @@ KEY_STEPS = {
 
 def thread_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) so far of a process's event-loop thread (its main
-    thread) and of all its other threads together (executors, fsync, Arrow's pool)."""
+    thread) and of all its other threads together (executors, fsync, Arrow's pool); under
+    `minor_faults`, the page faults of all its threads (fresh pages the kernel maps and zeroes)."""
     tick = os.sysconf("SC_CLK_TCK")
-    out = {"event_loop": 0.0, "other_threads": 0.0}
+    out = {"event_loop": 0.0, "other_threads": 0.0, "minor_faults": 0.0}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # the thread ended meanwhile
         out["event_loop" if int(tid) == pid else "other_threads"] += (int(fields[11]) + int(fields[12])) / tick
+        out["minor_faults"] += int(fields[7])
     return out
 
 
@@ -122,14 +124,17 @@ def main() -> None:
         broker.stop()
         remove_workdir(workdir)
     # Broker CPU per record by thread (sampling included when py-spy ran).
+    faults = cpu_before.pop("minor_faults"), cpu_after.pop("minor_faults")
     cpu_us = {k: round(1e6 * (cpu_after[k] - cpu_before[k]) / args.records, 3) for k in cpu_before}
+    faults_per_1000 = round(1000 * (faults[1] - faults[0]) / args.records, 2)
     total, shares = busy_shares(raw_path.read_text()) if args.sample_s > 0 else (0, {})
     top = sorted(shares.items(), key=lambda kv: -kv[1])[:45]
     result = {
         "workload": "profile-typed-produce", "machine": machine.describe(),
         "settings": {"size": args.size, "records": args.records, "flush_policy": args.flush_policy,
                      "sample_s": args.sample_s, "mean_value_bytes": round(data.mean_size, 1)},
-        "produce": figures, "broker_cpu_us_per_record": cpu_us, "busy_samples": total,
+        "produce": figures, "broker_cpu_us_per_record": cpu_us,
+        "broker_minor_faults_per_1000_records": faults_per_1000, "busy_samples": total,
         "top_inclusive_pct": {name: round(100 * share, 1) for name, share in top},
         "steps_pct": key_steps({name: round(100 * share, 1) for name, share in shares.items()}),
         "loadavg_before": load_before, "loadavg": os.getloadavg(),
@@ -138,7 +143,7 @@ def main() -> None:
         out = out.with_name(f"typed-produce-cpu-{args.size}.json")
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result["top_inclusive_pct"], indent=1))
-    print(f"{figures}\nbroker CPU us per record: {cpu_us}\nsaved {out}")
+    print(f"{figures}\nbroker CPU us per record: {cpu_us}, minor faults per 1000 records: {faults_per_1000}\nsaved {out}")
 
 
 if __name__ == "__main__":

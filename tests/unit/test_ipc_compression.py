@@ -209,3 +209,41 @@ def test_a_codec_failure_is_a_value_error_the_log_tablet_handles(monkeypatch):
     batch = pa.record_batch([pa.array(range(3000))], names=["a"])
     with pytest.raises(ValueError, match="zstd compression"):
         encode_batch(batch, meta(), compression="zstd")
+
+
+def test_batches_are_laid_out_in_the_threads_kept_buffer_as_serialize_lays_them_out(monkeypatch):
+    """The layout buffer is reused from batch to batch (no fresh pages per batch), grows for
+    a larger batch, leaves batches above its limit to a buffer of their own, and what a
+    write returns never refers to it."""
+    layout = ipc_compression._LayoutBuffer()
+    monkeypatch.setattr(ipc_compression, "_layout", layout)
+    small = pa.record_batch([pa.array([f"v{i}" for i in range(50)]), pa.array(range(50))], names=["s", "n"])
+    large = pa.record_batch([pa.array([b"x" * 300] * 3000), pa.array(range(3000))], names=["b", "n"])  # ~0.9 MB
+    larger = pa.record_batch([pa.array([b"y" * 300] * 5000), pa.array(range(5000))], names=["b", "n"])
+    big_schema = pa.schema([pa.field("n", pa.int64(), metadata={b"doc": b"d" * 10_000})])
+    wide_schema = pa.record_batch([pa.array(range(10))], schema=big_schema)  # schema message > the slack
+    first = compress_record_batch(small, CUSTOM)
+    kept = layout.buffer
+    assert kept is not None and kept.size >= 1 << 20
+    for batch in (small, small.slice(7, 30), wide_schema, large, large.slice(3, 4000)):
+        assert bytes(layout.layout(batch)) == batch.serialize().to_pybytes()
+        message = compress_record_batch(batch, CUSTOM)
+        assert _read(batch.schema, message.header, message.body).equals(batch)
+    assert layout.buffer is kept  # each fitted the first buffer: nothing was allocated again
+    message = compress_record_batch(larger, CUSTOM)  # 1.5 MB: the buffer grows, and stays
+    assert _read(larger.schema, message.header, message.body).equals(larger)
+    kept = layout.buffer
+    assert kept.size >= larger.get_total_buffer_size()
+    compress_record_batch(small, CUSTOM)
+    assert layout.buffer is kept
+    # A schema message larger than the room left for it: the buffer doubles and the write is redone.
+    layout.buffer = pa.allocate_buffer(ipc.get_record_batch_size(wide_schema) + 4096 + 64, resizable=False)
+    assert bytes(layout.layout(wide_schema)) == wide_schema.serialize().to_pybytes()
+    assert layout.buffer.size > 8192
+    layout.buffer = kept
+    monkeypatch.setattr(ipc_compression, "MAX_KEPT_LAYOUT_BYTES", 64 << 10)
+    assert bytes(layout.layout(large)) == large.serialize().to_pybytes()
+    assert layout.buffer is kept
+    # A message returned earlier is unchanged by later writes into the same buffer.
+    assert _read(small.schema, first.header, first.body).equals(small)
+    assert compress_record_batch(small, CUSTOM) == first
