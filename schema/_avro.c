@@ -26,6 +26,20 @@ enum { OK = 0, PAST_END = 1, NON_CANONICAL = 2, TOO_LONG = 3, MALFORMED = 4, NEG
 
 /* ------------------------------------------------------------------ shared reads */
 
+/* The last byte `b` (the k-th) of a zig-zag varint whose bits so far are `zz`: its value
+ * and length, or why it is refused (a trailing zero byte, more than 64 bits). */
+static inline int
+varint_last(uint8_t b, int k, uint64_t zz, int64_t *value, int *len)
+{
+    if (k > 0 && b == 0)
+        return NON_CANONICAL;
+    if (k == 9 && b > 1)
+        return TOO_LONG;
+    *len = k + 1;
+    *value = (int64_t)(zz >> 1) ^ -(int64_t)(zz & 1);
+    return OK;
+}
+
 /* One zig-zag varint at `at`, reading no byte at or past `limit`: its value and length, or
  * a problem.  Canonical only: no trailing zero byte, at most 64 bits. */
 static inline int
@@ -42,15 +56,8 @@ varint_read(const uint8_t *buf, int64_t at, int64_t limit, int64_t *value, int *
         for (k = 0; k < 10; k++) {
             uint8_t b = q[k];
             zz |= (uint64_t)(b & 0x7F) << (7 * k);
-            if (b < 0x80) {
-                if (k > 0 && b == 0)
-                    return NON_CANONICAL;
-                if (k == 9 && b > 1)
-                    return TOO_LONG;
-                *len = k + 1;
-                *value = (int64_t)(zz >> 1) ^ -(int64_t)(zz & 1);
-                return OK;
-            }
+            if (b < 0x80)
+                return varint_last(b, k, zz, value, len);
         }
         return TOO_LONG;
     }
@@ -60,15 +67,8 @@ varint_read(const uint8_t *buf, int64_t at, int64_t limit, int64_t *value, int *
             return PAST_END;
         b = buf[at + k];
         zz |= (uint64_t)(b & 0x7F) << (7 * k);
-        if (b < 0x80) {
-            if (k > 0 && b == 0)
-                return NON_CANONICAL;
-            if (k == 9 && b > 1)
-                return TOO_LONG;
-            *len = k + 1;
-            *value = (int64_t)(zz >> 1) ^ -(int64_t)(zz & 1);
-            return OK;
-        }
+        if (b < 0x80)
+            return varint_last(b, k, zz, value, len);
     }
     return TOO_LONG; /* a tenth byte with more to come */
 }

@@ -436,24 +436,6 @@ class JsonValueCodec(_SubjectCodec):
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 errors.add(np.array([i]), f"value cannot be read as the table's columns: {exc}")
 
-    def _decode_uniform(self, values: pa.Array) -> tuple[pa.StructArray, np.ndarray] | None:
-        """The usual batch, every value framed with the same writer schema id: the schema
-        id read from the first value, then one compiled pass that checks each value's header
-        and decodes it (no NumPy steps per batch). None when the batch is anything else or
-        has a problem: the general path then decodes it and names each record's problem."""
-        if not isinstance(values, pa.BinaryArray) or not len(values) or values.null_count:
-            return None
-        head = values[0].as_buffer()
-        if head is None or head.size < HEADER_SIZE or head[0] != MAGIC:
-            return None
-        schema_id = int.from_bytes(head[1:HEADER_SIZE], "big")
-        if self.refusal(schema_id) is not None:
-            return None
-        arr = decode_framed(self._writer(schema_id).avro.root, values, schema_id)
-        if arr is None:
-            return None
-        return evolve_array(arr, pa.field("value", self.table_type, False)), np.full(len(values), schema_id, np.int32)
-
     def encode(self, columns: pa.StructArray | pa.RecordBatch, schema_ids: np.ndarray) -> pa.BinaryArray:
         cols = _struct_of(columns)
         n = len(cols)
