@@ -28,22 +28,28 @@ def test_mutated_client_requests_never_break_the_broker(fuzzed_broker):
     assert report.probe_samples > 150 and report.probe_max_ms < 3000, report
     assert report.outcomes.get("answered", 0) > 100 and report.outcomes.get("closed by broker", 0) > 100
     # Creating a table of up to 10,000 buckets moves the allocator's high-water mark by up to
-    # ~60 MB in one step (seen in the last tenth of runs that grew 72-78 MB in all): a loose
-    # bound here, the leak check is the steady pass below.
-    assert report.rss_end_mb - report.rss_start_mb < 120, report
+    # ~60 MB in one step (runs grow 30-106 MB in all, whether the listener's socket I/O runs
+    # on asyncio or on the compiled thread): a loose bound here, the leak check is the steady
+    # passes below.
+    assert report.rss_end_mb - report.rss_start_mb < 160, report
     # Flat memory once the fuzzer no longer makes the broker create and drop tables of up to
     # 10,000 buckets (which moves the allocator's high-water mark, see docs/architecture.md).
-    # The first steady pass lets that high-water mark settle (after only 30 s of table churn
-    # it still rose by 30-35 MB in some runs, then stayed flat); the second must not grow: a
-    # leak per request would keep growing through both.
+    # The broker's memory climbs to a plateau (the allocators' high-water marks; ~320 MB
+    # here, reached during the churn above in most runs, in one or two of the passes below
+    # in others), then stays there: a pass of steady requests must soon grow by under
+    # 12 MB. A leak per request grows every pass alike (30,000 requests a pass: a leak of
+    # 400 bytes per request or more fails).
     steady_apis = [f for f in corpus if struct.unpack(">h", f[:2])[0] not in TABLE_SHAPING_APIS]
-    settle = fuzz(fuzzed_broker, steady_apis, seconds=10, workers=3, seed=2)
-    print(settle)
-    assert settle.failures == [], "\n".join(settle.failures)
-    steady = fuzz(fuzzed_broker, steady_apis, seconds=10, workers=3, seed=3)
-    print(steady)
-    assert steady.failures == [], "\n".join(steady.failures)
-    assert steady.requests > 500 and steady.rss_end_mb - steady.rss_start_mb < 30, steady
+    passes = []
+    for seed in range(2, 6):
+        steady = fuzz(fuzzed_broker, steady_apis, seconds=10, workers=3, seed=seed)
+        print(steady)
+        assert steady.failures == [], "\n".join(steady.failures)
+        assert steady.requests > 500, steady
+        passes.append(steady.rss_end_mb - steady.rss_start_mb)
+        if passes[-1] < 12:
+            break
+    assert passes[-1] < 12, f"memory grew in every steady pass (MB): {passes}"
     assert fuzzed_broker.alive()
 
 
