@@ -10,7 +10,8 @@ it exists). Each non-empty line is a path fragment, optionally preceded by ``hol
   line was turned into a plain fragment). While an fsync waits, the file ``<faults>.held``
   exists, so a test knows the write it is about is appended but not durable.
 
-A test turns faults on and off while the broker runs by rewriting the file. Off by default
+A test turns faults on and off while the broker runs by replacing the file (a rename:
+a held fsync polls it, and a file read half-rewritten would release it as if no fault were set). Off by default
 (one module-global check per fsync).
 """
 from __future__ import annotations

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -61,6 +63,14 @@ def writers(faults, threads: int):
             faults.unlink(missing_ok=True)
 
 
+def set_faults(faults: Path, text: str) -> None:
+    """Rewrite the fault file in one step: a held fsync polls it, and a file read between a
+    rewrite's truncation and its write would release the fsync as if no fault were set."""
+    staged = faults.with_name(faults.name + ".new")
+    staged.write_text(text)
+    os.replace(staged, faults)
+
+
 def call(url: str, name: str, method: str, *args):
     with connect(url) as client:
         return getattr(client.table(name), method)(*args)
@@ -79,7 +89,7 @@ def test_lookup_answers_from_durable_rows_while_an_fsync_is_held(held_broker):
     url = broker.flight_url
     keys = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
     with writers(faults, 4) as pool:
-        faults.write_text(f"hold {name}-0/\n")
+        set_faults(faults, f"hold {name}-0/\n")
         upsert = pool.submit(call, url, name, "upsert",
                              pa.table({"id": [2, 3], "v": ["pending", "new"]}, schema=KV_SCHEMA))
         wait_held(faults, [upsert])
@@ -98,13 +108,13 @@ def test_lookup_answers_from_durable_rows_while_an_fsync_is_held(held_broker):
             assert sorted(zip(rows.column("id").to_pylist(), rows.column("v").to_pylist())) == [
                 (1, "durable"), (2, "pending"), (3, "new")], method
 
-        faults.write_text(f"hold {name}-0/\n")
+        set_faults(faults, f"hold {name}-0/\n")
         upsert = pool.submit(call, url, name, "upsert", pa.table({"id": [3], "v": [None]}, schema=KV_SCHEMA))
         wait_held(faults, [upsert])
         rows = pool.submit(call, url, name, "lookup", pa.table({"id": pa.array([3], pa.int64())})).result(
             PENDING_S * 5)
         assert rows.column("v").to_pylist() == ["new"]
-        faults.write_text(f"{name}-0/\n")  # the held fsync fails: the bucket goes offline
+        set_faults(faults, f"{name}-0/\n")  # the held fsync fails: the bucket goes offline
         with pytest.raises(StorageError, match="offline"):
             upsert.result(20)
     with pytest.raises(StorageError, match="offline"):
@@ -122,14 +132,14 @@ def test_kv_snapshot_never_covers_offsets_that_are_not_durable(held_broker):
         durable = t.offsets()[0].high_watermark
         assert durable > 0
     with writers(faults, 3) as pool:
-        faults.write_text(f"hold {name}-0/\n")
+        set_faults(faults, f"hold {name}-0/\n")
         upsert = pool.submit(call, url, name, "upsert", pa.table({"id": [3], "v": ["c"]}, schema=KV_SCHEMA))
         wait_held(faults, [upsert])
         snapshot = pool.submit(call, url, name, "snapshot")
         time.sleep(PENDING_S)
         if snapshot.done():  # taken at the durable offset, or it waits for the fsync
             assert [s["log_offset"] for s in snapshot.result()] == [durable]
-        faults.write_text(f"{name}-0/\n")  # the held fsync fails: those offsets are not the log's
+        set_faults(faults, f"{name}-0/\n")  # the held fsync fails: those offsets are not the log's
         with pytest.raises(StorageError):
             upsert.result(20)
         if not snapshot.done() or snapshot.exception(20) is not None:
