@@ -28,10 +28,10 @@ def test_mutated_client_requests_never_break_the_broker(fuzzed_broker):
     assert report.probe_samples > 150 and report.probe_max_ms < 3000, report
     assert report.outcomes.get("answered", 0) > 100 and report.outcomes.get("closed by broker", 0) > 100
     # Creating a table of up to 10,000 buckets moves the allocator's high-water mark by up to
-    # ~60 MB in one step (runs grow 30-106 MB in all, whether the listener's socket I/O runs
-    # on asyncio or on the compiled thread): a loose bound here, the leak check is the steady
-    # passes below.
-    assert report.rss_end_mb - report.rss_start_mb < 160, report
+    # ~60-130 MB in one step (runs grow 30-144 MB in all, whether the listener's socket I/O
+    # runs on asyncio or on the compiled thread): a loose bound here, the leak check is the
+    # steady passes below.
+    assert report.rss_end_mb - report.rss_start_mb < 200, report
     # Flat memory once the fuzzer no longer makes the broker create and drop tables of up to
     # 10,000 buckets (which moves the allocator's high-water mark, see docs/architecture.md).
     # The broker's memory climbs to a plateau (the allocators' high-water marks; ~320 MB
