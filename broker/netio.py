@@ -27,8 +27,7 @@ import time
 import types
 from typing import TYPE_CHECKING, Any, Coroutine
 
-from fluvial.broker.server import (_WRITE_BACKLOG, MAX_IN_FLIGHT, Answers, CloseConnection, Connection,
-                                   _api_key)
+from fluvial.broker.server import _WRITE_BACKLOG, MAX_IN_FLIGHT, Answers, CloseConnection, Connection
 
 try:
     from fluvial.broker import _netio
@@ -281,7 +280,7 @@ class ThreadListener:
         try:
             yielded = coro.send(None)
         except StopIteration as done:
-            self._answered(link, view, done.value, started)
+            self.server.answered(link.answers, link.conn, view, done.value, started)
             return
         except BaseException as exc:  # noqa: BLE001 - what the asyncio path's reader catches
             self._failed(link, view, exc)
@@ -299,29 +298,13 @@ class ThreadListener:
         if exc is not None:
             self._failed(link, view, exc)
         else:
-            self._answered(link, view, task.result(), started)
+            self.server.answered(link.answers, link.conn, view, task.result(), started)
         self._drain(link)
-
-    def _answered(self, link: _Link, view: memoryview, reply: Any, started: float) -> None:
-        conn, stats = link.conn, self.server.request_stats
-        if reply is None:
-            stats.observe(_api_key(view), time.perf_counter() - started)
-            conn.in_progress -= 1
-            conn.last_active = self._loop.time()
-        elif isinstance(reply, asyncio.Future):
-            link.answers.add(reply, _api_key(view), started)  # timed when it completes
-        else:
-            stats.observe(_api_key(view), time.perf_counter() - started)
-            link.answers.add(reply)
 
     def _failed(self, link: _Link, view: memoryview, exc: BaseException) -> None:
         conn = link.conn
         if isinstance(exc, CloseConnection):
-            self.server.request_stats.failed(_api_key(view))
-            if exc.reply is not None:
-                link.answers.add(exc.reply)
-            else:
-                conn.in_progress -= 1
+            self.server.refused(link.answers, conn, view, exc)
             log.info("closing connection from %s: %s", conn.peer, exc)
         elif isinstance(exc, Exception):
             # A fault of the broker's own (a handler's is caught in _dispatch): the connection closes.
@@ -386,10 +369,5 @@ class ThreadListener:
         link.answers.close()
         if link.task is not None:
             link.task.cancel()
-        server = self.server
-        server._connections.pop(link.cid, None)
-        for hook in server.connection_closed_hooks:
-            try:
-                hook(link.conn.peer)
-            except Exception:  # noqa: BLE001 - one hook's fault must not stop the others
-                log.exception("connection-closed hook failed")
+        self.server._connections.pop(link.cid, None)
+        self.server.connection_ended(link.conn.peer)

@@ -331,11 +331,37 @@ class KafkaServer:
             answers.close()
             writer.close()
             self._connections.pop(task, None)
-            for hook in self.connection_closed_hooks:
-                try:
-                    hook(peer_s)
-                except Exception:  # noqa: BLE001 - one hook's fault must not stop the others
-                    log.exception("connection-closed hook failed")
+            self.connection_ended(peer_s)
+
+    def connection_ended(self, peer: str) -> None:
+        """Tell the connection-closed hooks (both socket I/O paths call it)."""
+        for hook in self.connection_closed_hooks:
+            try:
+                hook(peer)
+            except Exception:  # noqa: BLE001 - one hook's fault must not stop the others
+                log.exception("connection-closed hook failed")
+
+    def answered(self, answers: Answers, conn: Connection, frame: memoryview, reply: Any, started: float) -> None:
+        """A request's reply into its connection's answers (a future is timed when it
+        completes; no reply ends the request here), shared by both socket I/O paths."""
+        stats = self.request_stats
+        if reply is None:
+            stats.observe(_api_key(frame), time.perf_counter() - started)
+            conn.in_progress -= 1
+            conn.last_active = asyncio.get_running_loop().time()
+        elif isinstance(reply, asyncio.Future):
+            answers.add(reply, _api_key(frame), started)
+        else:
+            stats.observe(_api_key(frame), time.perf_counter() - started)
+            answers.add(reply)
+
+    def refused(self, answers: Answers, conn: Connection, frame: memoryview, exc: CloseConnection) -> None:
+        """A request answered by closing the connection: its last reply (if any) still goes out."""
+        self.request_stats.failed(_api_key(frame))
+        if exc.reply is not None:
+            answers.add(exc.reply)
+        else:
+            conn.in_progress -= 1
 
     async def _read_requests(self, reader: asyncio.StreamReader, answers: Answers, conn: Connection) -> None:
         max_bytes = self.broker.config.max_request_bytes
@@ -375,21 +401,9 @@ class KafkaServer:
                 else:
                     reply = await auth.dispatch(self, frame, conn, started)
             except CloseConnection as exc:
-                self.request_stats.failed(_api_key(frame))
-                if exc.reply is not None:
-                    answers.add(exc.reply)
-                else:
-                    conn.in_progress -= 1
+                self.refused(answers, conn, frame, exc)
                 raise
-            if reply is None:
-                self.request_stats.observe(_api_key(frame), time.perf_counter() - started)
-                conn.in_progress -= 1
-                conn.last_active = loop.time()
-            elif isinstance(reply, asyncio.Future):
-                answers.add(reply, _api_key(frame), started)  # timed when it completes
-            else:
-                self.request_stats.observe(_api_key(frame), time.perf_counter() - started)
-                answers.add(reply)
+            self.answered(answers, conn, frame, reply, started)
 
     async def _dispatch(self, frame: memoryview, peer: str, started: float, principal: Principal = ANONYMOUS
                         ) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
