@@ -100,6 +100,34 @@ class _Compressors(threading.local):
 
 _compressors = _Compressors()
 
+# A buffer of a batch that zstd could not shrink (random ids, digests, random payloads) is
+# stored as it is; the same buffer of the next batches of that schema most likely will not
+# shrink either, so it is stored as it is without a try for this many batches, then tried
+# again. zstd gives up on such data quickly, but not for free: at 1 KB records the random
+# payload column was about a tenth of the batch's compression time.
+INCOMPRESSIBLE_SKIP_BATCHES = 15
+_SCHEMAS_TRACKED = 16
+
+
+class _Incompressible(threading.local):
+    """Per schema (this thread's batches of it), for each buffer of a batch the number of
+    batches still to store it without trying to compress it."""
+
+    def __init__(self) -> None:
+        self.by_schema: dict[int, tuple[pa.Schema, list[int]]] = {}
+
+    def skips(self, schema: pa.Schema, buffers: int) -> list[int]:
+        entry = self.by_schema.get(id(schema))
+        if entry is None or entry[0] is not schema or len(entry[1]) != buffers:
+            if len(self.by_schema) >= _SCHEMAS_TRACKED:
+                self.by_schema.clear()
+            # The schema is kept with its entry, so its id is not reused meanwhile.
+            entry = self.by_schema[id(schema)] = (schema, [0] * buffers)
+        return entry[1]
+
+
+_incompressible = _Incompressible()
+
 # Batches whose IPC message is larger than this are laid out in a buffer of their own
 # rather than in the thread's kept one (which would then hold that much for good).
 MAX_KEPT_LAYOUT_BYTES = 16 << 20
@@ -156,11 +184,13 @@ def _compress_zstd(body: memoryview, spans: list[int], level: int) -> list:
 
 
 def compress_record_batch(batch: pa.RecordBatch, custom_metadata: dict[bytes, bytes],
-                          level: int = ZSTD_LEVEL) -> CompressedMessage:
+                          level: int = ZSTD_LEVEL, schema: pa.Schema | None = None) -> CompressedMessage:
     """The IPC message of ``batch`` with its buffers compressed by zstd at ``level`` and
     ``custom_metadata`` in its header. Each buffer is a frame of its own (a reader
     decompresses only the columns it asks for); one that would not shrink is stored as it
-    is."""
+    is, and so is that buffer of this schema's next INCOMPRESSIBLE_SKIP_BATCHES batches.
+    ``schema``: the one schema object the caller keeps for batches of this schema (equal
+    to the batch's), under which that is remembered; by default the batch's own."""
     view = _layout.layout(batch)
     meta_length = _PREFIX.unpack_from(view, 0)[1]
     meta = view[8 : 8 + meta_length]
@@ -177,8 +207,9 @@ def compress_record_batch(batch: pa.RecordBatch, custom_metadata: dict[bytes, by
     variadic_start, variadic_end = vector_span(meta, record_batch, _RB_VARIADIC, 8)
     body = view[8 + meta_length :]
     spans = struct.unpack_from(f"<{(buffers_end - buffers_start) // 8}q", meta, buffers_start)
-    wanted = [x for i in range(0, len(spans), 2) if spans[i + 1] >= MIN_COMPRESSED_BUFFER_BYTES
-              for x in (spans[i], spans[i + 1])]
+    skips = _incompressible.skips(batch.schema if schema is None else schema, len(spans) // 2)
+    tried = [spans[i + 1] >= MIN_COMPRESSED_BUFFER_BYTES and not skips[i // 2] for i in range(0, len(spans), 2)]
+    wanted = [x for i in range(0, len(spans), 2) if tried[i // 2] for x in (spans[i], spans[i + 1])]
     frames = _compress_zstd(body, wanted, level) if wanted else []
 
     parts: list = []
@@ -192,9 +223,12 @@ def compress_record_batch(batch: pa.RecordBatch, custom_metadata: dict[bytes, by
             locations += (position, 0)
             continue
         packed = None
-        if size >= MIN_COMPRESSED_BUFFER_BYTES:  # in the order of `wanted`
+        if tried[i // 2]:  # in the order of `wanted`
             packed = frames[next_frame]
             next_frame += 1
+            skips[i // 2] = 0 if len(packed) < size else INCOMPRESSIBLE_SKIP_BATCHES
+        elif skips[i // 2]:
+            skips[i // 2] -= 1
         if packed is not None and len(packed) < size:
             parts += (_I64.pack(size), packed)
             stored = 8 + len(packed)

@@ -140,7 +140,7 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"",
         if stored.single_message:
             if batch.schema is not batch_schema and not batch.schema.equals(batch_schema):
                 raise ValueError("the batch's schema is not the stored schema")
-            message = compress_record_batch(batch, custom)
+            message = compress_record_batch(batch, custom, schema=stored.schema)
             return _checksummed(stored.message, message.header, pa.py_buffer(message.body), stats, True)
     options = _OPTIONS_BY_CODEC[compression]
     if size <= _REUSED_MAX_BATCH_BYTES:

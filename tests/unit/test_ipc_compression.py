@@ -158,6 +158,40 @@ def test_buffers_that_do_not_shrink_are_stored_uncompressed():
     assert _read(batch.schema, message.header, message.body).equals(batch)
 
 
+def test_a_buffer_that_did_not_shrink_is_not_tried_again_for_a_while():
+    """The buffer that zstd could not shrink is stored as it is, without a try, in the next
+    INCOMPRESSIBLE_SKIP_BATCHES batches of the same schema (object); then tried again. Every
+    message reads back as its batch."""
+    schema = pa.schema([pa.field("payload", pa.binary(64)), pa.field("text", pa.string())])
+    text = pa.array(["the same text"] * 200)
+
+    def batch(payload: bytes) -> pa.RecordBatch:
+        return pa.record_batch([pa.array([payload] * 200 if len(payload) == 64 else
+                                         [os.urandom(64) for _ in range(200)], pa.binary(64)), text],
+                               schema=schema)
+
+    def stored(message) -> list[int]:
+        return [length for length, _ in _stored_buffers(message)]
+
+    skips = ipc_compression.INCOMPRESSIBLE_SKIP_BATCHES
+    key = pa.schema(schema)  # the caller's kept schema object
+    first = batch(b"")
+    message = compress_record_batch(first, CUSTOM, schema=key)
+    assert stored(message)[0] == -1 and stored(message)[2] > 0
+    assert _read(schema, message.header, message.body).equals(first)
+    repetitive = batch(b"x" * 64)  # would shrink now, but is not tried
+    for _ in range(skips):
+        message = compress_record_batch(repetitive, CUSTOM, schema=key)
+        assert stored(message)[0] == -1 and stored(message)[2] > 0
+        assert _read(schema, message.header, message.body).equals(repetitive)
+    # Under another schema object the buffer is tried at once.
+    assert stored(compress_record_batch(repetitive, CUSTOM, schema=pa.schema(schema)))[0] == 200 * 64
+    message = compress_record_batch(repetitive, CUSTOM, schema=key)  # tried again, and it shrinks
+    assert stored(message)[0] == 200 * 64
+    assert _read(schema, message.header, message.body).equals(repetitive)
+    assert stored(compress_record_batch(repetitive, CUSTOM, schema=key))[0] == 200 * 64
+
+
 def test_writes_do_not_depend_on_the_thread_or_what_it_compressed_before():
     batch = pa.record_batch([pa.array([f"value {i % 97}" for i in range(5000)]), pa.array(range(5000))],
                             names=["s", "n"])
