@@ -30,6 +30,14 @@ log = logging.getLogger(__name__)
 R = response_class(ApiKey.PRODUCE)
 PartitionResponse = R.TopicProduceResponse.PartitionProduceResponse
 
+try:
+    from fluvial.broker._netio import Frame as _IoFrame
+except ImportError:  # not built: frames are the asyncio path's bytearrays
+    _IoFrame = bytearray
+# Request frames a batch may be used in place of: the asyncio path's bytearrays and the
+# compiled I/O thread's frames, both writable buffers owned by that one request.
+_OWNED_FRAMES = (bytearray, _IoFrame)
+
 # Batches smaller than this are converted on the loop: a thread hop costs more.
 INLINE_CONVERT_BYTES = 16 * 1024
 
@@ -60,11 +68,12 @@ def _error(index: int, exc: FluvialError | ErrorCode, message: str | None = None
 
 def _owned_wire(batch: memoryview) -> bytearray | memoryview:
     """The batch as bytes the broker may patch (base offset, leader epoch) and keep in the
-    wire cache. A request frame is the connection's own writable buffer (broker/frames.py):
-    a batch that is most of it is used in place, without copying it. A small batch of a
+    wire cache. A request frame is a writable buffer of its own (broker/frames.py, or the
+    compiled I/O thread's frame): a batch that is most of it is used in place, without
+    copying it. A small batch of a
     larger frame (many partitions in one request) is copied, so that a cached batch never
     keeps much more than itself alive."""
-    if not batch.readonly and isinstance(batch.obj, bytearray) and 2 * batch.nbytes >= len(batch.obj):
+    if not batch.readonly and isinstance(batch.obj, _OWNED_FRAMES) and 2 * batch.nbytes >= len(batch.obj):
         return batch
     return bytearray(batch)
 
