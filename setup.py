@@ -11,6 +11,12 @@ setup(
             optional=True,
         ),
         Extension(
+            "fluvial.protocol._produce",
+            ["protocol/_produce.c"],
+            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,  # protocol/produce_request.py decodes every request in Python then
+        ),
+        Extension(
             "fluvial.schema._avro",
             ["schema/_avro.c"],
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],

@@ -5,6 +5,10 @@ many small producers; kafka-python's generated decoder builds several objects pe
 and copies the records. This reads the same fields (sans I/O, no copies: the records are
 views of the request frame) and gives objects with the attribute names the handler uses.
 tests/unit/test_produce_request.py checks it against kafka-python's decoder.
+
+The most common request of all (one topic, one partition) is read, header included, by one
+compiled call (protocol/_produce.c, `decode_common`); any other request, and any request
+that call does not read to the end without fault, goes through the decoders here.
 """
 from __future__ import annotations
 
@@ -12,6 +16,12 @@ import struct
 from dataclasses import dataclass
 
 from fluvial.errors import InvalidRequestError
+from fluvial.protocol.messages import RequestHeader
+
+try:
+    from fluvial.protocol._produce import read_one_partition as _read_one_partition
+except ImportError:  # not built: every request is read by the Python decoders
+    _read_one_partition = None
 
 FIRST_VERSION = 3
 LAST_VERSION = 12  # v12 (KIP-890): the v11 layout; a transactional batch may add its partition
@@ -133,3 +143,18 @@ def decode_produce_request(body: memoryview, version: int) -> ProduceRequest:
         r.skip_tags()
     r.skip_tags()
     return ProduceRequest(transactional_id, acks, timeout_ms, topics)
+
+
+def decode_common(frame: memoryview) -> tuple[RequestHeader, ProduceRequest] | None:
+    """The header and body of a Produce v3-12 request frame with one topic and one partition,
+    read in one compiled pass (the records a view of the frame); None for any other request
+    or anything unusual in it, which the general decoders then read (and refuse as they do)."""
+    if _read_one_partition is None:
+        return None
+    got = _read_one_partition(frame)
+    if got is None:
+        return None
+    version, correlation_id, client_id, header_size, transactional_id, acks, timeout_ms, topic, index, at, size = got
+    return (RequestHeader(0, version, correlation_id, client_id, header_size),
+            ProduceRequest(transactional_id, acks, timeout_ms,
+                           [TopicProduceData(topic, [PartitionProduceData(index, frame[at:at + size])])]))
