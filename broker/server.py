@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable
 
 from fluvial.broker import frames
-from fluvial.broker.handlers import HANDLERS, Deferred, RequestContext, supported_versions
+from fluvial.broker.handlers import HANDLERS, Deferred, Reply, RequestContext, supported_versions
 from fluvial.broker.request_stats import RequestStats
 from fluvial.errors import FluvialError, InvalidRequestError
 from fluvial.protocol import produce_request
@@ -84,9 +84,10 @@ class Answers:
     """A connection's answers in request order, written as soon as the oldest is ready.
 
     Each entry is a framed answer (bytes), a fetch's chunks (a list), None (nothing to
-    send) or a future that completes with one of those (a produce waiting for its fsync,
-    a long-polling fetch). A future's done-callback times its request and writes every
-    answer ready at the head, together in one write. Before, a writer task per connection
+    send) or a future that completes with one of those (a long-polling fetch) or a `Reply`
+    (a produce waiting for its fsync). A future's done-callback, or the call that finishes
+    a Reply (the flush's own completion, with no loop callback in between), times its
+    request and writes every answer ready at the head, together in one write. Before, a writer task per connection
     took the answers from a queue: each answer then cost a queue hand-off, a task wake-up
     for the queue and another for the future, and a separate timing callback, all on the
     one event loop that many small producers saturate.
@@ -107,9 +108,15 @@ class Answers:
         return len(self.queue)
 
     def add(self, reply: Any, api_key: int = -1, started: float = 0.0) -> None:
-        """The answer to the next request, or a future of it (timed when it completes)."""
+        """The answer to the next request, or a future or `Reply` of it (timed when it completes)."""
         queue = self.queue
         queue.append(reply)
+        if type(reply) is Reply:
+            if not reply.finished:
+                reply.on_done = functools.partial(self._reply_done, api_key, started)
+                return
+            self._reply_done(api_key, started, reply)
+            return
         if isinstance(reply, asyncio.Future):
             if not reply.done():
                 reply.add_done_callback(functools.partial(self._ready, api_key, started))
@@ -125,6 +132,17 @@ class Answers:
             stats.failed(api_key)
         else:
             stats.observe(api_key, time.perf_counter() - started)
+
+    def _reply_done(self, api_key: int, started: float, reply: Reply) -> None:
+        """A `Reply` finished (from the call that finished it): timed, and written with the
+        answers ready behind it when it is the oldest."""
+        if reply.failure is not None:
+            self.server.request_stats.failed(api_key)
+        else:
+            self.server.request_stats.observe(api_key, time.perf_counter() - started)
+        queue = self.queue
+        if queue and queue[0] is reply and not self.closed:
+            self._write_ready()
 
     def _ready(self, api_key: int, started: float, reply: asyncio.Future) -> None:
         self._time(reply, api_key, started)
@@ -144,7 +162,18 @@ class Answers:
         chunks: list = []
         while queue:
             item = queue[0]
-            if isinstance(item, asyncio.Future):
+            if type(item) is Reply:
+                if not item.finished:
+                    break
+                if item.failure is not None:
+                    exc = None if isinstance(item.failure, asyncio.CancelledError) else item.failure
+                    log.error("deferred response for %s failed; closing", conn.peer, exc_info=exc)
+                    self._flush(chunks, closing)
+                    self.close()
+                    writer.close()
+                    return
+                item = item.result
+            elif isinstance(item, asyncio.Future):
                 if not item.done():
                     break
                 if item.cancelled() or item.exception() is not None:
@@ -349,7 +378,7 @@ class KafkaServer:
             stats.observe(_api_key(frame), time.perf_counter() - started)
             conn.in_progress -= 1
             conn.last_active = asyncio.get_running_loop().time()
-        elif isinstance(reply, asyncio.Future):
+        elif type(reply) is Reply or isinstance(reply, asyncio.Future):
             answers.add(reply, _api_key(frame), started)
         else:
             stats.observe(_api_key(frame), time.perf_counter() - started)
@@ -456,7 +485,7 @@ class KafkaServer:
         if result is None:
             return None
         if isinstance(result, Deferred):
-            if isinstance(result.awaitable, asyncio.Future):
+            if type(result.awaitable) is Reply or isinstance(result.awaitable, asyncio.Future):
                 # Completed by a callback with the framed answer (bytes) or None: nothing to
                 # convert, so no task to wrap it in; timed by the connection's Answers.
                 return result.awaitable

@@ -9,6 +9,7 @@ exactly the registered handlers' ranges.
 """
 from __future__ import annotations
 
+import asyncio
 import importlib
 import pkgutil
 from dataclasses import dataclass
@@ -43,6 +44,48 @@ class RequestContext:
 class Deferred:
     """A response that is completed later (e.g. after the produce batch is fsynced)."""
     awaitable: Awaitable[Any]
+
+
+class Reply:
+    """A framed answer (bytes, or None: nothing to send) completed later by a plain call,
+    for a `Deferred` (a produce waiting for its fsync).
+
+    The connection's `Answers` writes it from within that call (``set_result``), where an
+    asyncio future would schedule a loop callback per answer: many small producers mean
+    thousands of answers a second on the one event loop. It may be awaited too (then
+    through a future made on demand)."""
+
+    __slots__ = ("finished", "result", "failure", "on_done")
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.result: Any = None
+        self.failure: BaseException | None = None  # CancelledError when the loop stopped first
+        # Called with the Reply once it is finished (set by its one consumer).
+        self.on_done: Callable[["Reply"], None] | None = None
+
+    def set_result(self, result: Any) -> None:
+        if not self.finished:
+            self.finished = True
+            self.result = result
+            if self.on_done is not None:
+                self.on_done(self)
+
+    def set_failure(self, failure: BaseException) -> None:
+        if not self.finished:
+            self.finished = True
+            self.failure = failure
+            if self.on_done is not None:
+                self.on_done(self)
+
+    def __await__(self):
+        if not self.finished:
+            future = asyncio.get_running_loop().create_future()
+            self.on_done = lambda _: future.done() or future.set_result(None)
+            yield from future
+        if self.failure is not None:
+            raise self.failure
+        return self.result
 
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any]]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fluvial.broker import kafka_batches
 from fluvial.broker.authorization import allowed
-from fluvial.broker.handlers import Deferred, RequestContext, handles
+from fluvial.broker.handlers import Deferred, Reply, RequestContext, handles
 from fluvial.broker.log.batch_meta import ATTR_TRANSACTIONAL
 from fluvial.broker.log.tablet import COALESCE_MAX_BYTES
 from fluvial.errors import FluvialError, InvalidRecordError, MessageTooLargeError, UnknownTableError
@@ -380,16 +380,16 @@ async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[
 
     if len(durable_waits) == 1:
         # The usual small request (one partition): the answer is encoded by a callback that
-        # the bucket's flush calls when it completes, without a task, coroutine or future
-        # per request but the answer's own.
+        # the bucket's flush calls when it completes, and written by the connection's
+        # Answers from that call: no task, coroutine, future or loop callback per request.
         (part, group_commit, offset), = durable_waits
-        reply = asyncio.get_running_loop().create_future()
+        reply = Reply()
 
         def on_durable(failure: BaseException | None) -> None:
-            if reply.done():
-                return  # the connection went away meanwhile
+            if reply.finished:
+                return
             if isinstance(failure, asyncio.CancelledError):
-                reply.cancel()
+                reply.set_failure(failure)
                 return
             if failure is not None:
                 failed(part, failure)
