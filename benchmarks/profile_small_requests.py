@@ -92,6 +92,8 @@ PARTS = {
     "produce_handler": ("inclusive", "produce (broker/handlers/produce.py)"),
     "respond_and_append": ("inclusive", "_respond (broker/handlers/produce.py)"),
     "request_decode": ("inclusive", "decode_produce_request (protocol/produce_request.py)"),
+    # the one-partition request read by one compiled call (header included)
+    "request_read_compiled": ("inclusive", "decode_common (protocol/produce_request.py)"),
     "header_decode": ("inclusive", "decode_request_header (protocol/messages.py)"),
     "records_checked": ("inclusive", "to_wire_records (broker/kafka_batches.py)"),
     "answer_encode": ("inclusive", "encode_produce_response (protocol/produce_response.py)"),

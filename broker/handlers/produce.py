@@ -289,20 +289,30 @@ async def _respond_when_written(ctx: RequestContext, request, parts: list[_Part]
     return await result.awaitable if isinstance(result, Deferred) else result
 
 
+def _accepted(p: _Part, written, lat: dict[str, int], durable_waits: list | None) -> None:
+    bucket = p.bucket
+    p.response = ProducedPartition(p.index, 0, written.base_offset, lat.get(p.topic, -1), bucket.log_start_offset)
+    if durable_waits is not None:
+        durable_waits.append((p, bucket.group_commit, written.base_offset + written.record_count))
+
+
+def _not_acknowledged(p: _Part, outcome: BaseException, stats) -> None:
+    """A partition whose flush failed: answered with the failure, not acknowledged."""
+    code = outcome.code if isinstance(outcome, FluvialError) else ErrorCode.KAFKA_STORAGE_ERROR
+    log.error("produce to %s-%d not acknowledged: %s", p.topic, p.index, outcome)
+    p.response.error_code, p.response.base_offset = code, -1
+    stats.error(ApiKey.PRODUCE, code)
+    p.response.error_message = str(outcome)
+
+
 async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[_Part], lat: dict[str, int]):
     """Append what the executor did not, then the answer (a Deferred when it waits for fsync)."""
     broker = ctx.broker
     acks = request.acks
 
     producer_state = broker.extensions.get("producer_state")
-    durable_waits = []
-
-    def _accepted(p: _Part, written) -> None:
-        bucket = p.bucket
-        p.response = ProducedPartition(p.index, 0, written.base_offset, lat.get(p.topic, -1),
-                                       bucket.log_start_offset)
-        if acks == -1 and broker.config.flush_policy == "ack":
-            durable_waits.append((p, bucket.group_commit, written.base_offset + written.record_count))
+    # Partitions whose answer waits for their bucket's fsync: (part, group commit, offset).
+    durable_waits = [] if acks == -1 and broker.config.flush_policy == "ack" else None
     for p in todo:
         if isinstance(p.converted, FluvialError):
             p.response = _error(p.index, p.converted)
@@ -311,7 +321,7 @@ async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[
         bucket = p.bucket
         if p.written is not None:
             bucket.table.kind.appended_in_thread(broker, bucket, p.written, wire=p.wire)
-            _accepted(p, p.written)
+            _accepted(p, p.written, lat, durable_waits)
             continue
         try:
             # An offline bucket answers every batch with KAFKA_STORAGE_ERROR, retries included:
@@ -325,17 +335,17 @@ async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[
                     # writes, which reach its KV state only when the transaction commits.
                     p.response = ProducedPartition(p.index, 0, -1, -1, bucket.log_start_offset)
                     continue
-            if producer_state is not None and meta.producer_id >= 0:
+            idempotent = producer_state is not None and meta.producer_id >= 0
+            if idempotent:
                 if not producer_state.loaded(bucket):
                     await producer_state.ensure_loaded(bucket)  # just after a restart
                 duplicate = producer_state.check(bucket, meta)
                 if duplicate is not None:
                     p.response = ProducedPartition(p.index, 0, duplicate.base_offset, -1, bucket.log_start_offset)
-                    if acks == -1 and broker.config.flush_policy == "ack":
+                    if durable_waits is not None:
                         # The original may still be waiting for its fsync.
                         durable_waits.append((p, bucket.group_commit, duplicate.last_offset + 1))
                     continue
-            idempotent = producer_state is not None and meta.producer_id >= 0
             # Recorded right at the append (before a primary-key table's RocksDB is updated):
             # a producer-state snapshot taken meanwhile must not claim a log end its state
             # lacks. The meta keeps the producer's sequence span beside the log's offsets.
@@ -353,30 +363,28 @@ async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[
         except FluvialError as exc:
             p.response = _error(p.index, exc)
             continue
-        _accepted(p, written)
+        _accepted(p, written, lat, durable_waits)
 
-    by_topic: dict[str, list] = {}
     stats = broker.kafka.request_stats
-    for p in parts:
-        by_topic.setdefault(p.topic, []).append(p.response)
+    if len(parts) == 1:
+        p = parts[0]
+        topics = [(p.topic, [p.response])]
         if p.response.error_code:
             stats.error(ApiKey.PRODUCE, p.response.error_code)
+    else:
+        by_topic: dict[str, list] = {}
+        for p in parts:
+            by_topic.setdefault(p.topic, []).append(p.response)
+            if p.response.error_code:
+                stats.error(ApiKey.PRODUCE, p.response.error_code)
+        topics = list(by_topic.items())
     if acks == 0:
         return None
+    header = ctx.header
     if not durable_waits:
         # Encoded here rather than as kafka-python objects: a small request's answer would
         # otherwise cost about as much as its append.
-        return EncodedResponse([encode_produce_response(ctx.header, list(by_topic.items()))])
-
-    def answer() -> bytes:
-        return encode_produce_response(ctx.header, list(by_topic.items()))
-
-    def failed(p: _Part, outcome: BaseException) -> None:
-        code = outcome.code if isinstance(outcome, FluvialError) else ErrorCode.KAFKA_STORAGE_ERROR
-        log.error("produce to %s-%d not acknowledged: %s", p.topic, p.index, outcome)
-        p.response.error_code, p.response.base_offset = code, -1
-        stats.error(ApiKey.PRODUCE, code)
-        p.response.error_message = str(outcome)
+        return EncodedResponse([encode_produce_response(header, topics)])
 
     if len(durable_waits) == 1:
         # The usual small request (one partition): the answer is encoded by a callback that
@@ -392,8 +400,8 @@ async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[
                 reply.set_failure(failure)
                 return
             if failure is not None:
-                failed(part, failure)
-            reply.set_result(answer())
+                _not_acknowledged(part, failure, stats)
+            reply.set_result(encode_produce_response(header, topics))
 
         group_commit.when_durable(offset, on_durable)
         return Deferred(reply)
@@ -406,7 +414,7 @@ async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[
         outcomes = await asyncio.gather(*waits, return_exceptions=True)
         for (p, _, _), outcome in zip(durable_waits, outcomes):
             if isinstance(outcome, BaseException):
-                failed(p, outcome)
-        return answer()
+                _not_acknowledged(p, outcome, stats)
+        return encode_produce_response(header, topics)
 
     return Deferred(after_fsync())
