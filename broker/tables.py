@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import json
 import logging
 import re
@@ -60,6 +59,15 @@ def validate_table_name(name: str) -> None:
 # GroupCommit._running while a flush is scheduled but not yet handed to the executor.
 _STARTING = object()
 
+
+class _Flush:
+    """GroupCommit._running while a flush is on the executor; its outcome once done."""
+
+    __slots__ = ("failure",)
+
+    def __init__(self) -> None:
+        self.failure: BaseException | None = None
+
 # The average least time between the starts of two flushes of one bucket. An fdatasync
 # costs about 100 us of CPU and 200-300 us of wall time here: chaining flushes back to back
 # gives many small producers about one fsync per request (most of a core at a few thousand
@@ -92,8 +100,9 @@ class GroupCommit:
     offline).
 
     Many small producers mean thousands of waits a second, so a wait is one plain future
-    kept in offset order and a flush is one executor call with a done-callback: no task,
-    no coroutine and no shield per wait or per flush. `when_durable(offset, callback)` is
+    kept in offset order and a flush is one executor job that hands its outcome to the loop
+    in one callback: no task, no coroutine, no shield and no asyncio future per wait or per
+    flush. `when_durable(offset, callback)` is
     cheaper still: the callback is called by the flush's own completion (no future, no
     loop callback of its own per wait); the one-partition produce answer uses it.
     """
@@ -103,8 +112,8 @@ class GroupCommit:
         self._executor = executor
         self._on_durable = on_durable
         self.durable_offset = tablet.flushed_offset
-        # The latest flush: _STARTING, its executor future while under way, or None.
-        self._running: asyncio.Future | object | None = None
+        # The latest flush: _STARTING, its _Flush while under way, or None.
+        self._running: _Flush | object | None = None
         self._in_flight = 0  # flushes handed to the executor and not completed
         self._covering = self.durable_offset  # the offset the latest flush begun makes durable
         # Rate bound of flush starts (a GCRA): the loop time the next start is due at when
@@ -147,8 +156,23 @@ class GroupCommit:
         self._next_due = max(self._next_due, loop.time()) + FLUSH_SPACING_S
         self._covering = max(self._covering, target)
         self._in_flight += 1
-        self._running = running = loop.run_in_executor(self._executor, self._tablet.write_taken, target)
-        running.add_done_callback(functools.partial(self._flushed, target))
+        self._running = flush = _Flush()
+        self._executor.submit(self._write, loop, target, flush)
+
+    def _write(self, loop: asyncio.AbstractEventLoop, target: int, flush: "_Flush") -> None:
+        """The executor's job: write and fsync up to ``target``, then hand the outcome to
+        the loop in one callback (`_flushed`). Through `run_in_executor` the completion took
+        two loop passes (the executor future's state copied into an asyncio future, whose
+        done-callback then ran in the next pass), each pass behind every frame the I/O
+        thread delivered meanwhile: under many small producers most of a flush's wall time."""
+        try:
+            self._tablet.write_taken(target)
+        except BaseException as exc:  # noqa: BLE001 - the waiters learn every failure
+            flush.failure = exc
+        try:
+            loop.call_soon_threadsafe(self._flushed, target, flush)
+        except RuntimeError:
+            pass  # the loop is closed (the broker stopped): nobody waits any more
 
     def wait_durable(self, offset: int) -> asyncio.Future:
         """A future done when every record below `offset` is durable (StorageError if it cannot be)."""
@@ -210,17 +234,14 @@ class GroupCommit:
         for _, waiter in waiters:
             self._complete(waiter, failure)
 
-    def _flushed(self, target: int, running: asyncio.Future) -> None:
+    def _flushed(self, target: int, flush: "_Flush") -> None:
         # Runs on the loop when the executor's flush ends. `_running` is cleared before any
         # waiter resumes, so a waiter never sees a finished flush as still running (a later
         # flush may still be under way: it stays the running one).
         self._in_flight -= 1
-        if self._running is running:
+        if self._running is flush:
             self._running = None
-        if running.cancelled():
-            failure: BaseException | None = asyncio.CancelledError()
-        else:
-            failure = running.exception()
+        failure = flush.failure
         if failure is not None:
             # The tablet is offline now (or the loop is stopping): every waiter learns it,
             # none is acknowledged.
