@@ -12,7 +12,9 @@ write alone at other zstd levels and lz4 (`codec_choices`, bytes against the Kaf
 batch's), zstd through Arrow's IPC writer (a context per buffer) against the broker's
 (`broker/log/ipc_compression.py`, one context per batch; `zstd_writers`), and zstd with a
 context per buffer against one block (`zstd_context_per_buffer`), and the same two writers
-on small batches of 20 and 200 records (`small_batches_zstd`). CPU time (process_time) per batch, median of --runs. Saves results/typed-produce-path.json.
+on small batches of 20 and 200 records (`small_batches_zstd`), and zstd writes of several
+batches with buffers that did not shrink left untried against every buffer tried each time
+(`incompressible_skip`). CPU time (process_time) per batch, median of --runs. Saves results/typed-produce-path.json.
 
     python -m benchmarks.bench_typed_produce_path [--batch-records 5000] [--runs 7]
 """
@@ -36,6 +38,7 @@ from benchmarks.avro_records import SCHEMA20, confluent_wire, make_record
 from benchmarks.workloads.avro_common import PAD_BY_SIZE as PADS  # values of about 200 B and 1 KB
 from fluvial.broker import kafka_batches
 from fluvial.broker.log.batch_meta import BatchMeta
+from fluvial.broker.log import ipc_compression
 from fluvial.broker.log.ipc_compression import compress_record_batch
 from fluvial.broker.log.segment_format import encode_batch
 from fluvial.broker.log.statistics import compute_stats, stats_columns
@@ -94,6 +97,35 @@ def small_batches(runs: int, fmt: TypedValueFormat, sid: int) -> dict:
         out[f"rows_{n}"] = {"buffer_bytes": stored.get_total_buffer_size(),
                             **{f"{label}_cpu_us": round(1e6 * statistics.median(v), 1) for label, v in times.items()}}
     return out
+
+
+def incompressible_skip(size: int, n: int, runs: int, fmt: TypedValueFormat, sid: int, schema: pa.Schema) -> dict:
+    """The stored batch written with zstd (`encode_batch`) over four different batches of
+    one schema, with buffers that did not shrink left untried for the next batches (the
+    broker's writer) and with every buffer tried each time: CPU ms per batch, bytes per
+    record; runs interleaved."""
+    rng = random.Random(size + 1)
+    batches = [stored_batch(confluent_wire(SCHEMA20, sid, [make_record(rng, k * n + i, PADS[size])
+                                                          for i in range(n)]), fmt)[1:] for k in range(4)]
+    batches = [(b if b.schema.equals(schema) else pa.RecordBatch.from_arrays(b.columns, schema=schema), m)
+               for b, m in batches]
+    saved = ipc_compression.INCOMPRESSIBLE_SKIP_BATCHES
+    times: dict[str, list[float]] = {"skip": [], "always": []}
+    written: dict[str, int] = {}
+    try:
+        for _ in range(2 * runs):
+            for label, skip in (("skip", saved), ("always", 0)):
+                ipc_compression.INCOMPRESSIBLE_SKIP_BATCHES = skip
+                ipc_compression._incompressible.by_schema.clear()
+                t = time.process_time()
+                total = sum(encode_batch(b, m, b"", schema=schema, compression="zstd").size
+                            for _ in range(4) for b, m in batches)
+                times[label].append((time.process_time() - t) / 16)
+                written[label] = total
+    finally:
+        ipc_compression.INCOMPRESSIBLE_SKIP_BATCHES = saved
+    return {**{f"{label}_cpu_ms": round(1000 * statistics.median(v), 3) for label, v in times.items()},
+            **{f"{label}_bytes_per_record": round(written[label] / (16 * n), 1) for label in written}}
 
 
 def run_size(size: int, n: int, runs: int, fmt: TypedValueFormat, sid: int) -> dict:
@@ -191,6 +223,7 @@ def run_size(size: int, n: int, runs: int, fmt: TypedValueFormat, sid: int) -> d
         "per_buffer_cpu_ms": round(cpu_ms(lambda: [zstd.compress(b) for b in buffers], runs), 3),
         "one_block_cpu_ms": round(cpu_ms(lambda: zstd.compress(whole), runs), 3),
     }
+    out["incompressible_skip"] = incompressible_skip(size, n, runs, fmt, sid, stored.schema)
     out["cpu_ms_per_batch"] = {k: round(v, 3) for k, v in steps.items()}
     out["records_per_cpu_s"] = {k: round(n / (v / 1000)) for k, v in steps.items() if v > 0}
     out["stored_bytes_per_record"] = bytes_per_record
