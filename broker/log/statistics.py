@@ -5,6 +5,7 @@ import json
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -43,6 +44,40 @@ def _as_plain(array: pa.Array) -> pa.Array:
     return array
 
 
+# NumPy views of the data buffer of fixed-width columns without nulls: the bounds in one
+# reduction each, without the Arrow array a temporal column's view would make, and floats
+# without Arrow's min_max kernel (several times slower per call on batch-sized columns).
+_NUMPY_DTYPES = {
+    pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
+    pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32, pa.uint64(): np.uint64,
+    pa.float32(): np.float32, pa.float64(): np.float64,
+}
+
+
+def _numpy_dtype(arrow_type: pa.DataType):
+    dtype = _NUMPY_DTYPES.get(arrow_type)
+    if dtype is None and (pa.types.is_temporal(arrow_type) or pa.types.is_duration(arrow_type)):
+        dtype = np.int64 if arrow_type.bit_width == 64 else np.int32
+    return dtype
+
+
+def _dense_bounds(array: pa.Array) -> tuple | None:
+    """(min, max) of a column without nulls, or None when the general path must decide (a
+    type without a NumPy view, floats holding NaN, which Arrow's bounds skip)."""
+    arrow_type = array.type
+    if pa.types.is_boolean(arrow_type):
+        return array.false_count == 0, array.true_count > 0
+    dtype = _numpy_dtype(arrow_type)
+    if dtype is None:
+        return None
+    size = np.dtype(dtype).itemsize
+    values = np.frombuffer(array.buffers()[1], dtype, len(array), array.offset * size)
+    low, high = values.min().item(), values.max().item()
+    if isinstance(low, float) and (math.isnan(low) or math.isnan(high)):
+        return None
+    return low, high
+
+
 def stats_columns(schema: pa.Schema) -> tuple[int, ...]:
     """Indexes of the columns that get statistics: user columns (names not starting with
     ``_``) of a type with cheap bounds. Callers appending many batches of one schema keep
@@ -64,8 +99,14 @@ def compute_stats(batch: pa.RecordBatch, columns: tuple[int, ...] | None = None)
     schema = batch.schema
     for i in columns:
         field = schema.field(i)
-        array = _as_plain(batch.column(i))
+        array = batch.column(i)
         nulls = array.null_count
+        if nulls == 0 and len(array):
+            bounds = _dense_bounds(array)
+            if bounds is not None:
+                stats[field.name] = [*bounds, 0]
+                continue
+        array = _as_plain(array)
         if nulls == len(array):
             low = high = None
         elif nulls == 0 and pa.types.is_integer(array.type):

@@ -95,3 +95,47 @@ def test_bounds_match_arrow(values):
             continue
         assert stats[name].null_count == array.null_count
         assert (stats[name].min, stats[name].max) == ((min(finite), max(finite)) if finite else (None, None))
+
+
+_DENSE_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint32(), pa.uint64(), pa.float32(),
+                pa.float64(), pa.bool_(), pa.date32(), pa.time32("ms"), pa.time64("us"), pa.timestamp("ms", "UTC"),
+                pa.duration("s")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), type_index=st.integers(0, len(_DENSE_TYPES) - 1), cut=st.integers(0, 3))
+def test_bounds_of_columns_without_nulls_match_arrow(data, type_index, cut):
+    """Columns without nulls (read through NumPy views of their buffers, sliced too) get
+    the bounds Arrow's min_max gives; NaN is skipped as Arrow skips it."""
+    arrow_type = _DENSE_TYPES[type_index]
+    if pa.types.is_floating(arrow_type):
+        width = 32 if arrow_type == pa.float32() else 64
+        values = data.draw(st.lists(st.floats(width=width), min_size=1, max_size=40))
+    elif pa.types.is_boolean(arrow_type):
+        values = data.draw(st.lists(st.booleans(), min_size=1, max_size=40))
+    else:
+        storage = pa.int64() if arrow_type.bit_width == 64 else pa.int32()
+        if pa.types.is_integer(arrow_type):
+            storage = arrow_type
+        info = (-(2 ** (storage.bit_width - 1)), 2 ** (storage.bit_width - 1) - 1)
+        if pa.types.is_unsigned_integer(storage):
+            info = (0, 2 ** storage.bit_width - 1)
+        if arrow_type == pa.time32("ms"):
+            info = (0, 86_399_999)
+        elif arrow_type == pa.time64("us"):
+            info = (0, 86_399_999_999)
+        values = data.draw(st.lists(st.integers(*info), min_size=1, max_size=40))
+        values = pa.array(values, storage).view(arrow_type) if storage != arrow_type else values
+    array = pa.array(values, arrow_type) if isinstance(values, list) else values
+    array = array.slice(min(cut, len(array) - 1))
+    stats = decode_stats(compute_stats(pa.record_batch({"c": array})))
+    plain = array.view(pa.int64() if arrow_type.bit_width == 64 else pa.int32()) \
+        if pa.types.is_temporal(arrow_type) or pa.types.is_duration(arrow_type) else array
+    bounds = pc.min_max(plain)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low is None or (isinstance(low, float) and math.isnan(low)):
+        assert "c" not in stats or (stats["c"].min, stats["c"].max) == (None, None)
+        return
+    assert stats["c"].null_count == 0
+    assert (stats["c"].min, stats["c"].max) == (low, high)
+    assert type(stats["c"].min) is type(low)
