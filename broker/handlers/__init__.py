@@ -65,16 +65,15 @@ class Reply:
         self.on_done: Callable[["Reply"], None] | None = None
 
     def set_result(self, result: Any) -> None:
-        if not self.finished:
-            self.finished = True
-            self.result = result
-            if self.on_done is not None:
-                self.on_done(self)
+        self._finish(result, None)
 
     def set_failure(self, failure: BaseException) -> None:
+        self._finish(None, failure)
+
+    def _finish(self, result: Any, failure: BaseException | None) -> None:
         if not self.finished:
             self.finished = True
-            self.failure = failure
+            self.result, self.failure = result, failure
             if self.on_done is not None:
                 self.on_done(self)
 

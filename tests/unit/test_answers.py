@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from fluvial.broker.handlers import Reply
 from fluvial.broker.request_stats import RequestStats
 from fluvial.broker.server import MAX_IN_FLIGHT, Answers, Connection
 
@@ -98,5 +99,71 @@ def test_the_reader_waits_for_room_and_a_closed_connection_drops_answers():
         await asyncio.sleep(0.02)
         conn.writer.close()
         assert await asyncio.wait_for(reader.read(), 5) == b""  # nothing written after close
+
+    asyncio.run(scenario())
+
+
+def test_replies_are_written_from_the_call_that_finishes_them_in_request_order():
+    """A `Reply` (a produce's answer finished by its flush) is written by `set_result`
+    itself, with the answers ready behind it, and keeps its place among futures."""
+    async def scenario():
+        server, conn, answers, reader, _ = await _pair()
+        loop = asyncio.get_running_loop()
+        first, second, future = Reply(), Reply(), loop.create_future()
+        conn.in_progress = 4
+        answers.add(first, 0, 0.0)
+        answers.add(second, 0, 0.0)
+        answers.add(future, 0, 0.0)
+        answers.add(b"r3")
+        second.set_result(b"r1")
+        future.set_result(b"r2")
+        await asyncio.sleep(0.05)
+        assert len(answers) == 4                # all wait for the first
+        first.set_result(b"r0")
+        assert len(answers) == 0                # written from within set_result, every ready one with it
+        assert await _read_exactly(reader, 8) == b"r0r1r2r3"
+        assert len(answers) == 0 and conn.in_progress == 0
+        assert server.request_stats.latency[0].count == 3
+        done = Reply()
+        done.set_result(b"r4")                  # finished before it is added: written at once
+        conn.in_progress = 1
+        answers.add(done, 0, 0.0)
+        assert await _read_exactly(reader, 2) == b"r4"
+        await answers.all_written()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_reply_closes_the_connection_after_the_answers_before_it():
+    async def scenario():
+        server, conn, answers, reader, _ = await _pair()
+        first, failing, after = Reply(), Reply(), Reply()
+        conn.in_progress = 3
+        for r in (first, failing, after):
+            answers.add(r, 0, 0.0)
+        failing.set_failure(asyncio.CancelledError())  # the loop stopped before its flush ended
+        first.set_result(b"ok")
+        after.set_result(b"never")
+        assert await _read_exactly(reader, 2) == b"ok"
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert answers.closed and len(answers) == 0
+        assert server.request_stats.failures[0] == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_reply_can_be_awaited():
+    async def scenario():
+        reply, failed = Reply(), Reply()
+        asyncio.get_running_loop().call_soon(reply.set_result, b"x")
+        assert await reply == b"x"
+        assert await reply == b"x"              # finished: at once
+        failed.set_failure(RuntimeError("flush failed"))
+        try:
+            await failed
+        except RuntimeError as exc:
+            assert str(exc) == "flush failed"
+        else:
+            raise AssertionError("a failed Reply must raise")
 
     asyncio.run(scenario())
