@@ -304,19 +304,21 @@ class LogSegment:
         Indexes are not fsynced: they are checked against the data on load and rebuilt when
         they disagree, so their durability never decides what is served.
         """
-        # The sync runs on a descriptor of its own (a duplicate of the append descriptor, or
-        # the file opened again once rolled), outside the lock: a roll may close the append
-        # descriptor meanwhile, and two flushes of the log tablet may sync at once.
+        # The sync runs on a descriptor of its own, outside the lock: a roll may close the
+        # append descriptor meanwhile, and two flushes of the log tablet may sync at once.
+        # The file is opened again for every flush rather than the append descriptor
+        # duplicated: Linux reports a write-back error once per open file, and duplicates
+        # share one. With two flushes in flight on a shared open file, only one would see the
+        # error, and the other could publish its offset as durable. Each open file sees every
+        # error that happens after it was opened (and one that nobody has seen yet).
         with self._fd_lock:
-            if self._fd is not None:
-                fd, sync = os.dup(self._fd), os.fdatasync
-            elif self.deleted:
+            if self.deleted:
                 return
-            else:
-                try:
-                    fd, sync = os.open(self.data_path, os.O_RDONLY), os.fsync
-                except FileNotFoundError:
-                    return
+            sync = os.fdatasync if self._fd is not None else os.fsync
+            try:
+                fd = os.open(self.data_path, os.O_RDONLY)
+            except FileNotFoundError:
+                return
         try:
             _sync(fd, self.data_path, sync)
         finally:

@@ -4,6 +4,8 @@ wait for) moves only in the order the flushes began, and never past a failed one
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -101,6 +103,52 @@ def test_a_later_flush_never_covers_an_earlier_failed_one(tmp_path, monkeypatch)
     assert tablet.flushed_offset == tablet.high_watermark == 0
     with pytest.raises(StorageError, match="offline"):
         tablet.check_online()
+
+
+def _shares_open_file(fd: int, other: int) -> bool:
+    """Whether two descriptors are one open file (a dup): a status flag set through one is
+    seen through the other only then."""
+    fcntl.fcntl(other, fcntl.F_SETFL, fcntl.fcntl(other, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    try:
+        return bool(fcntl.fcntl(other, fcntl.F_GETFL) & os.O_NONBLOCK)
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+
+
+def test_two_flushes_in_flight_sync_through_open_files_of_their_own(tmp_path, monkeypatch):
+    """Linux reports a write-back error once per open file. Two flushes in flight that
+    shared one (or shared the append descriptor's) could see a lost write reported to one
+    of them only, and the other would publish its offset as durable."""
+    real_fdatasync = os.fdatasync
+    synced: list[int] = []
+    first_entered, release = threading.Event(), threading.Event()
+    shared: list[bool] = []
+    tablet = open_tablet(tmp_path / "t-0", flush_policy=FlushPolicy.ACK)
+
+    def fdatasync(fd: int) -> None:
+        synced.append(fd)
+        if len(synced) == 1:
+            first_entered.set()
+            assert release.wait(10)
+        else:
+            append = tablet._view.segments[-1]._fd
+            shared.extend([_shares_open_file(fd, synced[0]), _shares_open_file(fd, append),
+                           _shares_open_file(synced[0], append)])
+            release.set()
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    tablet.append(records(3), meta())
+    first, first_outcome = _flush_in_thread(tablet, 3)
+    assert first_entered.wait(10)
+    tablet.append(records(4), meta())
+    second, second_outcome = _flush_in_thread(tablet, 7)
+    first.join(10)
+    second.join(10)
+    assert first_outcome == [None] and second_outcome == [None]
+    assert len(synced) == 2 and shared == [False, False, False]
+    assert tablet.high_watermark == 7
 
 
 def _bucket(tmp_path, executor) -> Bucket:
