@@ -4,7 +4,7 @@ A consumer that reads what was just produced gets the producer's own batch (base
 already patched) instead of one re-encoded from the Arrow columns; a typed table's batch
 that had to be re-encoded for a fetch (Avro or JSON from the stored columns, the costly
 part of a typed fetch) is kept too, so other consumers of the same batch reuse it.
-Bounded by bytes, least recently inserted out first. Fetches fill it from the CPU executor
+Bounded by bytes (an entry's batch and a fixed overhead), least recently inserted out first. Fetches fill it from the CPU executor
 while the event loop reads it: changes hold a lock.
 """
 from __future__ import annotations
@@ -16,6 +16,10 @@ from collections import OrderedDict
 # lastOffsetDelta of a v2 batch: after baseOffset, length, leader epoch, magic, CRC, attributes.
 _LAST_OFFSET_DELTA = struct.Struct(">i")
 _LAST_OFFSET_DELTA_AT = 23
+# What an entry costs beside its batch bytes: its key, the dict's link, and the view and
+# request frame a batch used in place is kept in. Counted against the bound, so that a
+# cache of one-record batches stays within its bytes (a 70 B batch costs over 400 B).
+ENTRY_OVERHEAD = 512
 
 
 class WireCache:
@@ -34,12 +38,12 @@ class WireCache:
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self._bytes -= len(old)
+                self._bytes -= len(old) + ENTRY_OVERHEAD
             self._entries[key] = batch
-            self._bytes += len(batch)
+            self._bytes += len(batch) + ENTRY_OVERHEAD
             while self._bytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
-                self._bytes -= len(evicted)
+                self._bytes -= len(evicted) + ENTRY_OVERHEAD
 
     def get(self, table: str, bucket: int, base_offset: int) -> bytes | None:
         batch = self._entries.get((table, bucket, base_offset))
@@ -81,9 +85,9 @@ class WireCache:
         """Forget a bucket's batches below ``offset`` (log compaction rewrote them)."""
         with self._lock:
             for key in [k for k in self._entries if k[0] == table and k[1] == bucket and k[2] < offset]:
-                self._bytes -= len(self._entries.pop(key))
+                self._bytes -= len(self._entries.pop(key)) + ENTRY_OVERHEAD
 
     def drop_table(self, table: str) -> None:
         with self._lock:
             for key in [k for k in self._entries if k[0] == table]:
-                self._bytes -= len(self._entries.pop(key))
+                self._bytes -= len(self._entries.pop(key)) + ENTRY_OVERHEAD

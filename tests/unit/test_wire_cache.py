@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from fluvial.broker.wire_cache import WireCache
+from fluvial.broker.wire_cache import ENTRY_OVERHEAD, WireCache
 from fluvial.protocol.records import parse_batch_header, set_base_offset
 
 
@@ -59,9 +59,36 @@ def test_max_bytes_bounds_the_run_but_one_batch_always_goes():
 
 def test_evicted_batches_are_not_served():
     one = len(batch(0, 3))
-    cache = WireCache(4 * one + 1)  # each entry may be at most a quarter of the cache
+    cache = WireCache(4 * (one + ENTRY_OVERHEAD) + 1)  # room for four entries
     for base in range(0, 30, 3):
         cache.put("t", 0, base, batch(base, 3))
     assert cache.tail("t", 0, 0, end=30, max_bytes=1 << 20) is None
     out, _ = cache.tail("t", 0, 24, end=30, max_bytes=1 << 20)
     assert [parse_batch_header(w).base_offset for w in out] == [24, 27]
+
+
+def test_memory_held_by_one_record_batches_stays_near_the_bound():
+    """A one-record batch used in place is a view of its request frame: the objects around
+    it cost more than its bytes, and they count against the bound."""
+    import gc
+    import tracemalloc
+
+    max_bytes = 1 << 20
+    one = batch(0, 1, value_size=8)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        baseline = tracemalloc.get_traced_memory()[0]
+        cache = WireCache(max_bytes)
+        for i in range(40_000):
+            frame = bytearray(b"\0" * 12) + one  # a produce request's frame holding the batch
+            view = memoryview(frame)[12:]
+            set_base_offset(view, 1_000_000 + i, 0)
+            cache.put("t", 0, 1_000_000 + i, view)
+        del frame, view
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - baseline
+    finally:
+        tracemalloc.stop()
+    assert len(cache._entries) < 40_000  # the bound evicted
+    assert held <= 1.5 * max_bytes, (held, len(cache._entries))
