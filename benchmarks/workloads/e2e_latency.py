@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import struct
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -47,6 +48,12 @@ SLOW_FSYNCS = Metric("fsyncs over 10 ms", "%", False)
 # cache flush covers all of it). Measured: 60 MB of another process's writeback put 90-110 ms
 # fsyncs into a 5 ms fdatasync loop.
 DISK_WRITES = Metric("disk writes in window", "MB", False)
+# The disk's own state during the window, the same for every system: a thread of the harness
+# makes a 4 KB append durable (fdatasync) every 20 ms in a file of its own and keeps the slowest.
+# A stall it sees in a Kafka window is one Kafka, acknowledging from the page cache, does not
+# wait for; under flush policy ack, every Fluvial reader does.
+DISK_PROBE_MAX = Metric("disk probe: slowest fsync", "ms", False)
+DISK_PROBE_INTERVAL_S = 0.02
 
 
 def _measured_seconds(scale: Scale) -> int:
@@ -142,10 +149,11 @@ def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None
             fsyncs_before = _fsync_histogram(broker)
             cpu_before = _cpu_seconds(broker.pid)
             disk_before = _disk_write_bytes()
-            start = time.perf_counter()
-            _paced(producer, topic, padding, _MEASURED, rate, until=lambda sent: sent >= measured_count,
-                   deadline=time.monotonic() + timeout_s)
-            send_seconds = time.perf_counter() - start
+            with _DiskProbe(Path(tmp) / "disk-probe") as disk_probe:
+                start = time.perf_counter()
+                _paced(producer, topic, padding, _MEASURED, rate, until=lambda sent: sent >= measured_count,
+                       deadline=time.monotonic() + timeout_s)
+                send_seconds = time.perf_counter() - start
             cpu_after = _cpu_seconds(broker.pid)
             disk_after = _disk_write_bytes()
             fsyncs_after = _fsync_histogram(broker)
@@ -173,6 +181,8 @@ def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None
         figures[BROKER_CPU.name] = 100 * (cpu_after - cpu_before) / send_seconds
     if disk_before is not None and disk_after is not None:
         figures[DISK_WRITES.name] = (disk_after - disk_before) / 1e6
+    if disk_probe.slowest_s is not None:
+        figures[DISK_PROBE_MAX.name] = disk_probe.slowest_s * 1e3
     if fsyncs_before is not None and fsyncs_after is not None:
         count = fsyncs_after["+Inf"] - fsyncs_before["+Inf"]
         fast = fsyncs_after["0.01"] - fsyncs_before["0.01"]
@@ -180,6 +190,39 @@ def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None
         if count:  # none under flush policy none
             figures[SLOW_FSYNCS.name] = 100 * (count - fast) / count
     return figures
+
+
+class _DiskProbe:
+    """A 4 KB append made durable every `DISK_PROBE_INTERVAL_S` in a thread, while the block runs;
+    `slowest_s` is the longest fdatasync (None if none ran)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="disk-probe", daemon=True)
+        self.slowest_s: float | None = None
+
+    def __enter__(self) -> "_DiskProbe":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        page = bytes(4096)
+        fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            while not self._stop.wait(DISK_PROBE_INTERVAL_S):
+                os.write(fd, page)
+                began = time.perf_counter()
+                os.fdatasync(fd)
+                took = time.perf_counter() - began
+                if self.slowest_s is None or took > self.slowest_s:
+                    self.slowest_s = took
+        finally:
+            os.close(fd)
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -249,6 +292,8 @@ def settings(scale: Scale) -> dict[str, object]:
         "consumer": "confluent-kafka in its own process, partitions assigned, fetch.wait.max.ms=100",
         "before_each_run": "sync, at the start and again once the consumer reads (no system measured with "
                            "the page cache or file deletions an earlier run left)",
+        "disk_probe": f"a 4 KB append and fdatasync every {DISK_PROBE_INTERVAL_S * 1e3:.0f} ms in a file of "
+                      "the harness during the measured window, every system; its slowest fsync is kept",
     }
 
 
@@ -258,7 +303,8 @@ WORKLOAD = Workload(
                 f"{VALUE_SIZE} B values, acks=all, "
                 "linger.ms=5: from the producer's produce() call to the consumer (another process) "
                 "receiving the record; p50/p99/p99.9 over the measured records (warm-up excluded).",
-    metrics=(P50, P99, P999, ACHIEVED_RATE, LOAD, BROKER_CPU, FSYNCS_PER_S, SLOW_FSYNCS, DISK_WRITES),
+    metrics=(P50, P99, P999, ACHIEVED_RATE, LOAD, BROKER_CPU, FSYNCS_PER_S, SLOW_FSYNCS, DISK_WRITES,
+             DISK_PROBE_MAX),
     cases=cases,
     settings=settings,
 )
