@@ -276,6 +276,16 @@ def _cover_gaps(kept: list[tuple[BatchMeta, pa.RecordBatch]], base: int, end: in
     return out
 
 
+def _write_all(fd: int, parts: list) -> None:
+    """Write ``parts`` one after another at the file's position (one gather write)."""
+    total = sum(memoryview(p).nbytes for p in parts)
+    written = os.writev(fd, parts)
+    if written < total:
+        rest = memoryview(b"".join(bytes(memoryview(p)) for p in parts))[written:]
+        while rest:
+            rest = rest[os.write(fd, rest):]
+
+
 def _write_cleaned(tablet: LogTablet, segment: LogSegment, end: int, batches: list[tuple[BatchMeta, pa.RecordBatch]],
                    with_stats: bool) -> tuple[LogSegment, Path, tuple[Path, Path]]:
     """Write the cleaned copy of the segments from ``segment`` up to ``end`` (named as
@@ -300,8 +310,7 @@ def _write_cleaned(tablet: LogTablet, segment: LogSegment, end: int, batches: li
                 os.write(fd, schema_message)
             elif encoded.schema_message != schema_message:
                 raise ValueError(f"batches of {data_path} have different schemas")
-            os.write(fd, encoded.header)
-            os.write(fd, memoryview(encoded.body))
+            _write_all(fd, [encoded.header, *encoded.body_parts])
         _sync(fd, cleaned_path, os.fsync)  # through the fault-injection hook, for crash tests
     except BaseException:
         os.close(fd)

@@ -276,7 +276,7 @@ class LogSegment:
     def append(self, encoded: EncodedBatch, meta: BatchMeta, kafka_parts: tuple[BatchMeta, ...] = ()) -> None:
         assert self._fd is not None, "append to a segment that is not open for writing"
         position = self.state.size
-        parts: list = [encoded.header, encoded.body]
+        parts: list = [encoded.header, *encoded.body_parts]
         if self.state.batch_count == 0:
             self.schema_message = encoded.schema_message
             self.schema_crc = schema_checksum(encoded.schema_message)
@@ -293,7 +293,7 @@ class LogSegment:
                 written += n
                 rest = rest[n:]
         batch_position = start + (len(encoded.schema_message) if start == 0 else 0)
-        header = BatchHeader(batch_position, len(encoded.header), encoded.body.size, meta, -1, -1, encoded.stats,
+        header = BatchHeader(batch_position, len(encoded.header), encoded.body_size, meta, -1, -1, encoded.stats,
                              encoded.compressed, kafka_parts)
         self._add_batch(header)
         self._remember(header)

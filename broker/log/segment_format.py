@@ -106,13 +106,24 @@ class EncodedBatch:
 
     schema_message: bytes
     header: bytes
-    body: pa.Buffer
+    # The body as the buffers that follow each other in the file: one buffer, or for a
+    # large batch the column buffers themselves and their padding (written by one gather
+    # write, never copied into a message buffer first).
+    body_parts: tuple
+    body_size: int
     stats: bytes = b""
     compressed: bool = False
 
     @property
     def size(self) -> int:
-        return len(self.header) + self.body.size
+        return len(self.header) + self.body_size
+
+    @property
+    def body(self) -> pa.Buffer:
+        """The body as one buffer (a copy when it is in several parts)."""
+        if len(self.body_parts) == 1:
+            return pa.py_buffer(self.body_parts[0])
+        return pa.py_buffer(b"".join(self.body_parts))
 
 
 def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"",
@@ -141,13 +152,19 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, stats: bytes = b"",
             if batch.schema is not batch_schema and not batch.schema.equals(batch_schema):
                 raise ValueError("the batch's schema is not the stored schema")
             message = compress_record_batch(batch, custom, schema=stored.schema)
-            return _checksummed(stored.message, message.header, pa.py_buffer(message.body), stats, True)
+            body = message.body
+            return _checksummed(stored.message, message.header, (body,), stats, True, len(body))
     options = _OPTIONS_BY_CODEC[compression]
     if size <= _REUSED_MAX_BATCH_BYTES:
         encoder = _encoders.get(batch_schema, compression)
         encoded = encoder.write(batch, custom)
         if encoded is not None:
             return _checksummed_message(encoder.schema_message, encoded, stats, compression != "none")
+    elif compression == "none":
+        gathered = _gatherers.get(batch_schema).write(batch, custom)
+        if gathered is not None:
+            schema_message, header, body_parts, body_size = gathered
+            return _checksummed(schema_message, header, body_parts, stats, False, body_size)
     sink = pa.BufferOutputStream()
     writer = ipc.new_stream(sink, batch.schema, options=options)
     writer.write_batch(batch, custom_metadata=custom)
@@ -199,11 +216,12 @@ def _has_dictionary(type_: pa.DataType) -> bool:
 def _checksummed_message(schema_message: bytes, message: pa.Buffer, stats: bytes, compressed: bool) -> EncodedBatch:
     """Split a batch message into header and body and fill in its checksum."""
     header_length = 8 + _PREFIX.unpack_from(message, 0)[1]
-    return _checksummed(schema_message, message[:header_length].to_pybytes(), message.slice(header_length), stats,
-                        compressed)
+    body = message.slice(header_length)
+    return _checksummed(schema_message, message[:header_length].to_pybytes(), (body,), stats, compressed, body.size)
 
 
-def _checksummed(schema_message: bytes, header: bytes, body: pa.Buffer, stats: bytes, compressed: bool) -> EncodedBatch:
+def _checksummed(schema_message: bytes, header: bytes, body_parts: tuple, stats: bytes, compressed: bool,
+                 body_size: int) -> EncodedBatch:
     """Fill in the checksum of a batch message (its header holds the placeholder)."""
     header = bytearray(header)
     # Found by value rather than by walking the flatbuffer: the placeholder text cannot occur
@@ -212,9 +230,10 @@ def _checksummed(schema_message: bytes, header: bytes, body: pa.Buffer, stats: b
     if crc_at < 0 or header.find(_CRC_PLACEHOLDER, crc_at + 1) >= 0:
         raise AssertionError("checksum placeholder not found exactly once in the batch header")
     crc = crc32c.crc32c(header, schema_checksum(schema_message))
-    crc = crc32c.crc32c(body, crc)
+    for part in body_parts:
+        crc = crc32c.crc32c(part, crc)
     header[crc_at : crc_at + 8] = b"%08x" % crc
-    return EncodedBatch(schema_message, bytes(header), body, stats, compressed)
+    return EncodedBatch(schema_message, bytes(header), body_parts, body_size, stats, compressed)
 
 
 # Small batches (many small producers) are written by a stream writer kept per schema and
@@ -290,6 +309,110 @@ class _Encoders(threading.local):
 
 
 _encoders = _Encoders()
+
+
+# Larger uncompressed batches are not copied into a message buffer at all: a stream writer
+# kept per schema and thread writes into a sink that keeps what it is given, which for the
+# body is the column buffers themselves (Arrow hands a sink each buffer whole) and their
+# padding. The segment writes header and body parts with one gather write (pwritev), so
+# the record bytes go from the Arrow batch straight to the page cache.
+class _PartsSink:
+    """A file-like sink that keeps the objects written to it rather than their bytes."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.parts: list = []
+
+    def write(self, data) -> int:
+        self.parts.append(data)
+        return len(data) if isinstance(data, bytes) else data.size
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _GatherEncoder:
+    """A stream writer for one schema whose messages come out as parts (`_PartsSink`)."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.schema_message = b""
+        self._open()
+
+    def _open(self) -> None:
+        self._sink = _PartsSink()
+        self._writer = ipc.new_stream(self._sink, self.schema, options=_WRITE_OPTIONS)
+        self._fresh = True
+
+    def write(self, batch: pa.RecordBatch, custom: dict) -> tuple[bytes, bytes, tuple, int] | None:
+        """(schema message, batch header, body parts, body size), or None when the writer failed."""
+        sink = self._sink
+        sink.parts = []
+        try:
+            self._writer.write_batch(batch, custom_metadata=custom)
+        except (pa.ArrowException, OSError):
+            self._open()
+            return None
+        parts = sink.parts
+        sink.parts = []
+        if self._fresh:
+            # A new writer writes the schema message before the first batch.
+            self._fresh = False
+            schema_parts, parts = _split_parts(parts, _message_prefix_length(parts))
+            self.schema_message = b"".join(bytes(p) for p in schema_parts)
+        header_parts, body_parts = _split_parts(parts, _message_prefix_length(parts))
+        header = b"".join(bytes(p) for p in header_parts)
+        body_size = sum(len(p) if isinstance(p, bytes) else p.size for p in body_parts)
+        return self.schema_message, header, tuple(body_parts), body_size
+
+
+def _message_prefix_length(parts: list) -> int:
+    """The length of the prefix and flatbuffer of the message that ``parts`` start with."""
+    head = b""
+    for part in parts:
+        head += bytes(part[: 8 - len(head)])
+        if len(head) == 8:
+            break
+    continuation, meta_length = _PREFIX.unpack(head)
+    if continuation != _CONTINUATION:
+        raise AssertionError("stream writer output does not start with a message prefix")
+    return 8 + meta_length
+
+
+def _split_parts(parts: list, at: int) -> tuple[list, list]:
+    """``parts`` cut ``at`` bytes from their start (a part spanning the cut is sliced)."""
+    for i, part in enumerate(parts):
+        n = len(part) if isinstance(part, bytes) else part.size
+        if at < n:
+            if at == 0:
+                return parts[:i], parts[i:]
+            return parts[:i] + [part[:at]], [part[at:]] + parts[i + 1:]
+        at -= n
+    return parts, []
+
+
+class _Gatherers(threading.local):
+    def __init__(self) -> None:
+        self.recent: list[_GatherEncoder] = []
+
+    def get(self, schema: pa.Schema) -> _GatherEncoder:
+        recent = self.recent
+        for i, encoder in enumerate(recent):
+            if encoder.schema is schema or encoder.schema.equals(schema, check_metadata=True):
+                if i:
+                    recent.insert(0, recent.pop(i))
+                return encoder
+        encoder = _GatherEncoder(schema)
+        recent.insert(0, encoder)
+        del recent[_ENCODERS_PER_THREAD:]
+        return encoder
+
+
+_gatherers = _Gatherers()
 
 
 def schema_checksum(schema_message: bytes) -> int:

@@ -160,3 +160,45 @@ def test_the_kept_writer_starts_a_new_buffer_when_full_and_earlier_messages_stay
         header = parse_batch_header(memoryview(data), len(e.schema_message), len(data))
         assert checksum_matches(memoryview(data), header, schema_checksum(e.schema_message))
         assert read_batch(pa.py_buffer(data), header, batch.schema).equals(batch)
+
+
+@settings(max_examples=25, deadline=None)
+@given(metas=st.lists(metas, min_size=1, max_size=6),
+       sizes=st.lists(st.integers(24 * 1024, 300 * 1024), min_size=1, max_size=6),
+       offset=st.integers(0, 5), nulls=st.booleans(), stats=st.binary(max_size=30))
+def test_large_batches_gathered_from_their_buffers_are_byte_identical_to_a_fresh_writer(metas, sizes, offset,
+                                                                                     nulls, stats):
+    # Large uncompressed batches are not copied into a message buffer: the body is written
+    # from the column buffers themselves (gathered). The bytes must be a new writer's, for
+    # sliced columns (non-zero offsets, which the writer rebases) and nested ones too.
+    from fluvial.broker.log import segment_format
+    from fluvial.broker.log.segment_format import _CRC_PLACEHOLDER, CRC_KEY, META_KEY
+    from fluvial.broker.log.statistics import STATS_KEY
+    headers_type = pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())]))
+    for i, meta in enumerate(metas):
+        size = sizes[i % len(sizes)]
+        n = size // 1000 + 1
+        values = [None if nulls and j % 7 == 3 else bytes([j % 251]) * (size // n) for j in range(n + offset)]
+        batch = pa.record_batch({
+            "_offset": pa.array(range(n + offset), pa.int64()),
+            "_key": pa.array([None if j % 3 else b"k%d" % j for j in range(n + offset)], pa.binary()),
+            "_headers": pa.array([[{"key": "h", "value": b"v%d" % j}] if j % 2 else [] for j in range(n + offset)],
+                                 headers_type),
+            "value": pa.array(values, pa.binary()),
+        }).slice(offset, n)
+        assert batch.get_total_buffer_size() > segment_format._REUSED_MAX_BATCH_BYTES
+        encoded = encode_batch(batch, meta, stats)
+        assert len(encoded.body_parts) > 1  # gathered, not one message buffer
+        custom = {META_KEY: meta.encode(), CRC_KEY: _CRC_PLACEHOLDER}
+        if stats:
+            custom[STATS_KEY] = stats
+        schema_message, message = _fresh_writer_bytes(batch, custom)
+        assert encoded.schema_message == schema_message
+        produced = encoded.header + b"".join(bytes(memoryview(p)) for p in encoded.body_parts)
+        assert len(produced) == len(message) == encoded.size
+        data = encoded.schema_message + produced
+        header = parse_batch_header(memoryview(data), len(schema_message), len(data))
+        crc_at = header.crc_at
+        assert produced[:crc_at] == message[:crc_at] and produced[crc_at + 8:] == message[crc_at + 8:]
+        assert checksum_matches(memoryview(data), header, schema_checksum(schema_message))
+        assert read_batch(pa.py_buffer(data), header, batch.schema).equals(batch)
