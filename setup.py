@@ -29,6 +29,12 @@ setup(
             optional=True,  # kv/batch_io.py falls back to pyarrow and NumPy
         ),
         Extension(
+            "fluvial.broker.log._bounds",
+            ["broker/log/_bounds.c"],
+            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,  # broker/log/statistics.py reduces NumPy views then
+        ),
+        Extension(
             "fluvial.broker._netio",
             ["broker/_netio.c"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",

@@ -4,12 +4,13 @@ from __future__ import annotations
 import math
 
 import pyarrow as pa
+import pytest
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fluvial.broker.log import LogConfig, LogTablet
+from fluvial.broker.log import LogConfig, LogTablet, statistics
 from fluvial.broker.log.statistics import ColumnStats, compute_stats, decode_stats
 from tests.unit.test_log_support import all_rows, meta, open_tablet, records
 
@@ -139,3 +140,34 @@ def test_bounds_of_columns_without_nulls_match_arrow(data, type_index, cut):
     assert stats["c"].null_count == 0
     assert (stats["c"].min, stats["c"].max) == (low, high)
     assert type(stats["c"].min) is type(low)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), type_index=st.integers(0, len(_DENSE_TYPES) - 1), cut=st.integers(0, 3))
+def test_compiled_bounds_equal_the_numpy_ones(data, type_index, cut):
+    """The compiled bounds (`broker/log/_bounds.c`) give the statistics the NumPy
+    reductions give, for every dense type, sliced columns and floats with NaN and ±0.0."""
+    if not statistics.USE_NATIVE:
+        pytest.skip("compiled bounds not built")
+    arrow_type = _DENSE_TYPES[type_index]
+    if pa.types.is_floating(arrow_type):
+        width = 32 if arrow_type == pa.float32() else 64
+        values = data.draw(st.lists(st.floats(width=width) | st.sampled_from([0.0, -0.0, float("nan")]),
+                                    min_size=1, max_size=40))
+        array = pa.array(values, arrow_type)
+    elif pa.types.is_boolean(arrow_type):
+        array = pa.array(data.draw(st.lists(st.booleans(), min_size=1, max_size=40)), arrow_type)
+    else:
+        storage = arrow_type if pa.types.is_integer(arrow_type) else (
+            pa.int64() if arrow_type.bit_width == 64 else pa.int32())
+        bits = storage.bit_width
+        low, high = (0, 2 ** bits - 1) if pa.types.is_unsigned_integer(storage) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        array = pa.array(data.draw(st.lists(st.integers(low, high), min_size=1, max_size=40)), storage).view(arrow_type)
+    batch = pa.record_batch({"c": array.slice(min(cut, len(array) - 1))})
+    compiled = compute_stats(batch)
+    statistics.USE_NATIVE = False
+    try:
+        reference = compute_stats(batch)
+    finally:
+        statistics.USE_NATIVE = True
+    assert decode_stats(compiled) == decode_stats(reference)
