@@ -20,6 +20,12 @@ _LAST_OFFSET_DELTA_AT = 23
 # request frame a batch used in place is kept in. Counted against the bound, so that a
 # cache of one-record batches stays within its bytes (a 70 B batch costs over 400 B).
 ENTRY_OVERHEAD = 512
+# A batch up to this size that comes as a view of its request frame is kept as a bytes copy:
+# a view is two objects the garbage collector tracks (the view and its buffer), and under
+# many one-record producers the cache holds ~100,000 of them, walked by every full
+# collection; bytes are not tracked, and the copy is a small memcpy. Larger batches stay
+# views (no copy of a large request).
+COPY_BELOW_BYTES = 16 * 1024
 
 
 class WireCache:
@@ -34,6 +40,8 @@ class WireCache:
     def put(self, table: str, bucket: int, base_offset: int, batch: bytes | bytearray) -> None:
         if self.max_bytes <= 0 or len(batch) > self.max_bytes // 4:
             return
+        if type(batch) is memoryview and batch.nbytes <= COPY_BELOW_BYTES:
+            batch = bytes(batch)
         key = (table, bucket, base_offset)
         with self._lock:
             old = self._entries.pop(key, None)

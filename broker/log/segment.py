@@ -27,7 +27,10 @@ from fluvial.broker.log.segment_format import (
 DATA_SUFFIX = ".arrows"
 OFFSET_INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
-_HEADER_CACHE_ENTRIES = 4096
+# Parsed headers kept per segment, counted in Kafka batches: a coalesced message holds one
+# BatchMeta per producer batch (tens under many small producers), and every one of them is
+# an object the garbage collector walks on each full collection.
+_HEADER_CACHE_BATCHES = 4096
 
 
 def _sync(fd: int, path: Path, sync) -> None:
@@ -77,6 +80,7 @@ class LogSegment:
         # Parsed headers by file position: batches never change once visible, and fetches
         # of recent data (tailing consumers) read the same few batches again and again.
         self._headers: dict[int, BatchHeader] = {}
+        self._cached_batches = 0  # Kafka batches (BatchMetas) of the cached headers
         self.deleted = False
 
     # -- creation and loading -------------------------------------------------------------
@@ -375,9 +379,12 @@ class LogSegment:
             position = header.end
 
     def _remember(self, header: BatchHeader) -> None:
-        if len(self._headers) >= _HEADER_CACHE_ENTRIES:
+        weight = len(header.parts) or 1
+        if self._cached_batches + weight > _HEADER_CACHE_BATCHES:
             self._headers = {}
+            self._cached_batches = 0
         self._headers[header.position] = header
+        self._cached_batches += weight
 
     def position_for_offset(self, offset: int) -> int:
         """File position of an indexed batch at or before the one holding ``offset``."""

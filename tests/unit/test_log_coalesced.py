@@ -278,3 +278,27 @@ def test_checked_kafka_batches_and_arrow_batches_coalesce_into_one_message(tmp_p
     assert_same_reads(legacy, coalesced)
     assert len(list(coalesced._view.segments[0].headers_from(len(coalesced._view.segments[0].schema_message),
                                                               coalesced._view.segments[0].state))) <= 3
+
+
+def test_cached_headers_of_a_segment_are_bounded_by_kafka_batches(tmp_path, monkeypatch):
+    """Under many one-record producers each coalesced message holds tens of Kafka batches:
+    the segment's cache of parsed headers counts those, not messages, so the BatchMetas it
+    keeps alive (objects the garbage collector walks) stay bounded; reads are unchanged."""
+    from fluvial.broker.log import segment as segment_module
+    monkeypatch.setattr(segment_module, "_HEADER_CACHE_BATCHES", 64)
+    tablet = open_log(tmp_path, segment_bytes=1 << 24)
+    metas = []
+    for window in range(40):
+        for i in range(20):
+            seq = window * 20 + i
+            metas.append(tablet.append(kafka_rows([b"k"], seq, seq), BatchMeta(
+                -1, 0, 0, -1, -1, producer_id=7, producer_epoch=0, base_sequence=seq), coalesce=True))
+        tablet.write_pending()
+        [segment] = tablet._view.segments
+        assert sum(len(h.metas) for h in segment._headers.values()) <= 64
+    assert [s.meta for s in tablet.read(0, 1 << 24)] == metas
+    assert list(tablet.batch_metas(0)) == metas
+    assert [s.meta for s in tablet.read(777, 1 << 24)] == metas[777:]
+    [segment] = tablet._view.segments
+    assert 0 < sum(len(h.metas) for h in segment._headers.values()) <= 64
+    tablet.close()

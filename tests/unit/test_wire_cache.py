@@ -92,3 +92,24 @@ def test_memory_held_by_one_record_batches_stays_near_the_bound():
         tracemalloc.stop()
     assert len(cache._entries) < 40_000  # the bound evicted
     assert held <= 1.5 * max_bytes, (held, len(cache._entries))
+
+
+def test_a_small_batch_used_in_place_is_kept_as_untracked_bytes():
+    """A one-record batch arrives as a view of its request frame; the cache keeps a bytes copy
+    (not tracked by the garbage collector, the frame released) and larger views as they are."""
+    import gc
+
+    from fluvial.broker.wire_cache import COPY_BELOW_BYTES
+
+    cache = WireCache(1 << 24)
+    small = batch(0, 1)
+    frame = bytearray(b"\0" * 40 + small)
+    view = memoryview(frame)[40:]
+    cache.put("t", 0, 0, view)
+    kept = cache.get("t", 0, 0)
+    assert type(kept) is bytes and kept == small and not gc.is_tracked(kept)
+    assert cache.tail("t", 0, 0, end=1, max_bytes=1 << 20)[0] == [small]
+    large = batch(1, 1, value_size=COPY_BELOW_BYTES)
+    large_view = memoryview(bytearray(large))
+    cache.put("t", 0, 1, large_view)
+    assert cache.get("t", 0, 1) is large_view
