@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fluvial.broker import event_loop
 from fluvial.broker.config import BrokerConfig
+from fluvial.broker.malloc_settings import keep_freed_memory
 from fluvial.client.grpc_io import inline_io
 from fluvial.errors import BrokerStartError
 from fluvial.security.options import add_security_arguments, expand_config_file, security_from_args
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "broker":
         config = config_from_args(args, broker_parser)
         setup_logging(args.log_level, args.log_format)
+        keep_freed_memory()
         try:
             sec = config.security
             event_loop.run(run_broker(config), config.event_loop, debug=config.slow_callback_ms > 0,
