@@ -635,7 +635,10 @@ def _decode_flat_array(node: AvroNode, item_node: AvroNode, cur: _Cursor, count:
         first_stop = np.searchsorted(stops, start)  # index of the first stop at or after each start
         last = first_stop + count - 1
         over = (count > 0) & (last >= stops.size)
-        items_end = np.where(over, hi + 1, stops[np.minimum(last, stops.size - 1)] + 1)
+        if stops.size:
+            items_end = np.where(over, hi + 1, stops[np.minimum(last, stops.size - 1)] + 1)
+        else:  # no varint ends anywhere in the span: every non-empty array runs past its value
+            items_end = np.where(count > 0, hi + 1, start)
     runs_past = (count > 0) & (items_end > cur.end)
     cur.fail(runs_past, f"field {path!r}: array items run past the end of the value")
     count = np.where(runs_past, 0, count)

@@ -106,3 +106,26 @@ def test_native_blobs_read_lengths_and_refuse_bad_ones():
     assert got[0][0] == [b"abc", b"", b"", b""]
     assert [m for row, m in got[2] if row >= 2] == ["field 'f': bytes length is negative",
                                                     "field 'f': bytes length runs past the end of the value"]
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_an_array_of_varints_with_no_varint_end_is_refused_not_crashed(native):
+    """An array of ints whose item bytes all have the continuation bit set: no varint ends in
+    the value, so its items run past it, a record error rather than an IndexError."""
+    import json
+
+    from fluvial.schema.avro_schema import parse_avro
+
+    node = parse_avro(json.loads(
+        '{"type": "record", "name": "R", "fields": [{"name": "a", "type": {"type": "array", "items": "int"}}]}'))
+    node = getattr(node, "root", node)
+    # Count 2 (zigzag 4), then two bytes that never end a varint.
+    data = np.frombuffer(bytes([4, 0x80, 0x80]), np.uint8)
+    errors = DecodeErrors(np.full(1, -1))
+    saved, avro_binary.USE_NATIVE = avro_binary.USE_NATIVE, native
+    try:
+        avro_binary.decode_avro(node, data, np.array([0]), np.array([3]), np.arange(1), errors)
+    finally:
+        avro_binary.USE_NATIVE = saved
+    assert [row for row, _ in errors.by_record()] == [0]
+    assert "run past the end" in errors.by_record()[0][1] or "malformed" in errors.by_record()[0][1]
