@@ -16,28 +16,26 @@
 #include <stdint.h>
 #include <string.h>
 
+/* lo and hi of the `length` values of type T at `base` (length >= 1). */
+#define MIN_MAX(T)                                                           \
+    const T *v = (const T *)base;                                            \
+    T lo = v[0], hi = v[0];                                                  \
+    for (Py_ssize_t i = 1; i < length; i++) {                                \
+        T x = v[i];                                                          \
+        lo = x < lo ? x : lo;                                                \
+        hi = x > hi ? x : hi;                                                \
+    }
+
 #define SIGNED_BOUNDS(T)                                                     \
     {                                                                        \
-        const T *v = (const T *)base;                                        \
-        T lo = v[0], hi = v[0];                                              \
-        for (Py_ssize_t i = 1; i < length; i++) {                            \
-            T x = v[i];                                                      \
-            lo = x < lo ? x : lo;                                            \
-            hi = x > hi ? x : hi;                                            \
-        }                                                                    \
+        MIN_MAX(T)                                                           \
         result = Py_BuildValue("(NN)", PyLong_FromLongLong((long long)lo),   \
                                PyLong_FromLongLong((long long)hi));          \
     }
 
 #define UNSIGNED_BOUNDS(T)                                                   \
     {                                                                        \
-        const T *v = (const T *)base;                                        \
-        T lo = v[0], hi = v[0];                                              \
-        for (Py_ssize_t i = 1; i < length; i++) {                            \
-            T x = v[i];                                                      \
-            lo = x < lo ? x : lo;                                            \
-            hi = x > hi ? x : hi;                                            \
-        }                                                                    \
+        MIN_MAX(T)                                                           \
         result = Py_BuildValue("(NN)", PyLong_FromUnsignedLongLong((unsigned long long)lo), \
                                PyLong_FromUnsignedLongLong((unsigned long long)hi));        \
     }
