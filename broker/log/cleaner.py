@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from fluvial.broker.log.batch_meta import ATTR_CONTROL, ATTR_TRANSACTIONAL, BatchMeta
 from fluvial.broker.log.checkpoint import fsync_directory
 from fluvial.broker.log.index import OffsetIndex, TimeIndex
-from fluvial.broker.log.segment import DATA_SUFFIX, LogSegment, _sync
+from fluvial.broker.log.segment import DATA_SUFFIX, LogSegment, _sync, pwrite_parts
 from fluvial.broker.log.segment_format import encode_batch, split_parts
 from fluvial.broker.log.statistics import compute_stats, stats_columns
 from fluvial.broker.log.tablet import CLEANED_SUFFIX, SWAP_SUFFIX, LogTablet
@@ -276,16 +276,6 @@ def _cover_gaps(kept: list[tuple[BatchMeta, pa.RecordBatch]], base: int, end: in
     return out
 
 
-def _write_all(fd: int, parts: list) -> None:
-    """Write ``parts`` one after another at the file's position (one gather write)."""
-    total = sum(memoryview(p).nbytes for p in parts)
-    written = os.writev(fd, parts)
-    if written < total:
-        rest = memoryview(b"".join(bytes(memoryview(p)) for p in parts))[written:]
-        while rest:
-            rest = rest[os.write(fd, rest):]
-
-
 def _write_cleaned(tablet: LogTablet, segment: LogSegment, end: int, batches: list[tuple[BatchMeta, pa.RecordBatch]],
                    with_stats: bool) -> tuple[LogSegment, Path, tuple[Path, Path]]:
     """Write the cleaned copy of the segments from ``segment`` up to ``end`` (named as
@@ -298,6 +288,7 @@ def _write_cleaned(tablet: LogTablet, segment: LogSegment, end: int, batches: li
     fd = os.open(cleaned_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         schema_message = None
+        position = 0
         for meta, batch in batches:
             stats = b""
             if with_stats and batch.num_rows:
@@ -305,12 +296,13 @@ def _write_cleaned(tablet: LogTablet, segment: LogSegment, end: int, batches: li
                 columns = stats_columns(plain.schema) if columns is None else columns
                 stats = compute_stats(plain, columns)
             encoded = encode_batch(batch, meta, stats, compression=tablet.compression_for(batch.schema))
+            parts = [encoded.header, *encoded.body_parts]
             if schema_message is None:
                 schema_message = encoded.schema_message
-                os.write(fd, schema_message)
+                parts.insert(0, schema_message)
             elif encoded.schema_message != schema_message:
                 raise ValueError(f"batches of {data_path} have different schemas")
-            _write_all(fd, [encoded.header, *encoded.body_parts])
+            position += pwrite_parts(fd, parts, position)
         _sync(fd, cleaned_path, os.fsync)  # through the fault-injection hook, for crash tests
     except BaseException:
         os.close(fd)

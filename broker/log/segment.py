@@ -58,6 +58,20 @@ class SegmentState:
     batch_count: int
 
 
+def pwrite_parts(fd: int, parts: list, position: int) -> int:
+    """Write ``parts`` one after another at ``position`` with one gather write (pwritev);
+    returns the bytes written. A short write (only for huge batches) is finished plainly."""
+    total = sum(memoryview(p).nbytes for p in parts)
+    written = os.pwritev(fd, parts, position)
+    if written < total:
+        rest = memoryview(b"".join(bytes(memoryview(p)) for p in parts))[written:]
+        while rest:
+            n = os.pwrite(fd, rest, position + written)
+            written += n
+            rest = rest[n:]
+    return written
+
+
 class LogSegment:
     """An Arrow IPC stream of batches starting at ``base_offset``, plus its sparse indexes."""
 
@@ -288,14 +302,7 @@ class LogSegment:
             parts.insert(0, encoded.schema_message)
             position = 0
         start = position
-        total = sum(memoryview(p).nbytes for p in parts)
-        written = os.pwritev(self._fd, parts, position)
-        if written < total:  # a short write happens only for huge batches; finish it plainly
-            rest = b"".join(bytes(memoryview(p)) for p in parts)[written:]
-            while rest:
-                n = os.pwrite(self._fd, rest, position + written)
-                written += n
-                rest = rest[n:]
+        pwrite_parts(self._fd, parts, position)
         batch_position = start + (len(encoded.schema_message) if start == 0 else 0)
         header = BatchHeader(batch_position, len(encoded.header), encoded.body_size, meta, -1, -1, encoded.stats,
                              encoded.compressed, kafka_parts)

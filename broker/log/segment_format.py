@@ -291,8 +291,12 @@ class _StreamEncoder:
 
 
 class _Encoders(threading.local):
-    def __init__(self) -> None:
-        self.recent: list[_StreamEncoder] = []
+    """The writers kept per thread, most recently used first: ``make(schema, compression)``
+    opens one (`_StreamEncoder`, or `_GatherEncoder` for uncompressed large batches)."""
+
+    def __init__(self, make) -> None:
+        self.make = make
+        self.recent: list = []
 
     def get(self, schema: pa.Schema, compression: str = "none") -> _StreamEncoder:
         recent = self.recent
@@ -302,13 +306,13 @@ class _Encoders(threading.local):
                 if i:
                     recent.insert(0, recent.pop(i))
                 return encoder
-        encoder = _StreamEncoder(schema, compression)
+        encoder = self.make(schema, compression)
         recent.insert(0, encoder)
         del recent[_ENCODERS_PER_THREAD:]
         return encoder
 
 
-_encoders = _Encoders()
+_encoders = _Encoders(_StreamEncoder)
 
 
 # Larger uncompressed batches are not copied into a message buffer at all: a stream writer
@@ -326,7 +330,7 @@ class _PartsSink:
 
     def write(self, data) -> int:
         self.parts.append(data)
-        return len(data) if isinstance(data, bytes) else data.size
+        return _part_size(data)
 
     def flush(self) -> None:
         pass
@@ -337,6 +341,8 @@ class _PartsSink:
 
 class _GatherEncoder:
     """A stream writer for one schema whose messages come out as parts (`_PartsSink`)."""
+
+    compression = "none"
 
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
@@ -366,8 +372,13 @@ class _GatherEncoder:
             self.schema_message = b"".join(bytes(p) for p in schema_parts)
         header_parts, body_parts = _split_parts(parts, _message_prefix_length(parts))
         header = b"".join(bytes(p) for p in header_parts)
-        body_size = sum(len(p) if isinstance(p, bytes) else p.size for p in body_parts)
+        body_size = sum(_part_size(p) for p in body_parts)
         return self.schema_message, header, tuple(body_parts), body_size
+
+
+def _part_size(part) -> int:
+    """Bytes of one part a stream writer wrote: bytes (prefixes, padding) or an Arrow buffer."""
+    return len(part) if isinstance(part, bytes) else part.size
 
 
 def _message_prefix_length(parts: list) -> int:
@@ -386,7 +397,7 @@ def _message_prefix_length(parts: list) -> int:
 def _split_parts(parts: list, at: int) -> tuple[list, list]:
     """``parts`` cut ``at`` bytes from their start (a part spanning the cut is sliced)."""
     for i, part in enumerate(parts):
-        n = len(part) if isinstance(part, bytes) else part.size
+        n = _part_size(part)
         if at < n:
             if at == 0:
                 return parts[:i], parts[i:]
@@ -395,24 +406,7 @@ def _split_parts(parts: list, at: int) -> tuple[list, list]:
     return parts, []
 
 
-class _Gatherers(threading.local):
-    def __init__(self) -> None:
-        self.recent: list[_GatherEncoder] = []
-
-    def get(self, schema: pa.Schema) -> _GatherEncoder:
-        recent = self.recent
-        for i, encoder in enumerate(recent):
-            if encoder.schema is schema or encoder.schema.equals(schema, check_metadata=True):
-                if i:
-                    recent.insert(0, recent.pop(i))
-                return encoder
-        encoder = _GatherEncoder(schema)
-        recent.insert(0, encoder)
-        del recent[_ENCODERS_PER_THREAD:]
-        return encoder
-
-
-_gatherers = _Gatherers()
+_gatherers = _Encoders(lambda schema, compression: _GatherEncoder(schema))
 
 
 def schema_checksum(schema_message: bytes) -> int:
