@@ -204,3 +204,53 @@ def test_large_batches_gathered_from_their_buffers_are_byte_identical_to_a_fresh
         assert produced[:crc_at] == message[:crc_at] and produced[crc_at + 8:] == message[crc_at + 8:]
         assert checksum_matches(memoryview(data), header, schema_checksum(schema_message))
         assert read_batch(pa.py_buffer(data), header, batch.schema).equals(batch)
+
+
+def _large_batch() -> pa.RecordBatch:
+    from fluvial.broker.log import segment_format
+    n = 40
+    batch = pa.record_batch({"_offset": pa.array(range(n), pa.int64()),
+                             "value": pa.array([bytes([j]) * 2000 for j in range(n)], pa.binary())})
+    assert batch.get_total_buffer_size() > segment_format._REUSED_MAX_BATCH_BYTES
+    return batch
+
+
+def test_a_gather_writer_that_fails_falls_back_to_one_message_buffer_and_is_reopened():
+    """If the kept gather writer raises, the batch is still encoded (through one message
+    buffer, same bytes) and the next large batch gets a fresh gather writer."""
+    from fluvial.broker.log import segment_format
+
+    batch = _large_batch()
+    meta = BatchMeta(0, 39, 0, -1, -1)
+    expected = encode_batch(batch, meta)
+    encoder = segment_format._gatherers.get(batch.schema)
+
+    class Broken:
+        def write_batch(self, *_args, **_kwargs):
+            raise pa.ArrowIOError("sink failed")
+
+    encoder._writer = Broken()
+    fallback = encode_batch(batch, meta)
+    assert len(fallback.body_parts) == 1  # the message-buffer path
+    assert fallback.header == expected.header and bytes(fallback.body) == bytes(expected.body)
+    again = encode_batch(batch, meta)
+    assert len(again.body_parts) > 1 and not isinstance(encoder._writer, Broken)
+    assert again.header == expected.header and bytes(again.body) == bytes(expected.body)
+
+
+def test_a_short_gather_write_is_finished(tmp_path, monkeypatch):
+    """pwritev may write less than asked (huge batches): the rest is written after it."""
+    import os
+
+    from fluvial.broker.log import segment
+
+    parts = [b"head", memoryview(b"0123456789" * 100), pa.py_buffer(b"tail" * 50)]
+    real_pwritev = os.pwritev
+    monkeypatch.setattr(segment.os, "pwritev", lambda fd, bufs, pos: real_pwritev(fd, [bytes(bufs[0])[:3]], pos))
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        os.pwrite(fd, b"X" * 7, 0)
+        assert segment.pwrite_parts(fd, parts, 7) == 4 + 1000 + 200
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == b"X" * 7 + b"head" + b"0123456789" * 100 + b"tail" * 50
