@@ -18,6 +18,7 @@ from fluvial.broker.authorization import allowed
 from fluvial.broker.handlers import Deferred, Reply, RequestContext, handles
 from fluvial.broker.log.batch_meta import ATTR_TRANSACTIONAL
 from fluvial.broker.log.tablet import COALESCE_MAX_BYTES
+from fluvial.broker.log_table import LogTable as _LogTable, _cache_wire
 from fluvial.errors import FluvialError, InvalidRecordError, MessageTooLargeError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.fetch_response import EncodedResponse
@@ -206,6 +207,111 @@ async def _admit_transactional(ctx: RequestContext, transactional_id: str | None
         raise FluvialError(f"transactional batch of producer {meta.producer_id} epoch {meta.producer_epoch} "
                            f"is not part of an ongoing transaction with {part.topic}-{part.index}", code=code)
     return await part.bucket.table.kind.hold_transactional(ctx.broker, part.bucket, meta, bytes(part.wire))
+
+
+def produce_one(ctx: RequestContext, request) -> Deferred | None:
+    """The request of many small producers, answered without the general path's steps: one
+    partition of a raw log table (not compacted, CreateTime), acks=all under flush policy
+    ``ack``, a small batch that is neither transactional nor a control batch, no authorizer.
+    Every check comes before the one side effect (the append), and anything unusual or
+    refused returns None before it, so the general path (`produce`) handles the request from
+    the start and gives the same answer it always did. The steps and their order are those
+    of `produce` and `_respond` for this case."""
+    broker = ctx.broker
+    if request.acks != -1 or ctx.header.api_version < 3 or broker.config.flush_policy != "ack" \
+            or broker.authorizer.enabled:
+        return None
+    topic_data = request.topic_data
+    if len(topic_data) != 1:
+        return None
+    t = topic_data[0]
+    if len(t.partition_data) != 1:
+        return None
+    partition = t.partition_data[0]
+    records = partition.records
+    table = broker.tables.tables.get(t.name)
+    if table is None or records is None or len(records) >= INLINE_CONVERT_BYTES \
+            or type(table.kind) is not _LogTable or table.value_format is not kafka_batches.RAW or table.compacted:
+        return None
+    index = partition.index
+    try:
+        table.kind.check_producible(table)
+        bucket = table.bucket(index)
+        if len(records) > int(table.config("max.message.bytes")) \
+                or table.config("message.timestamp.type") == "LogAppendTime":
+            return None
+        if _pipelines:
+            pipeline = _pipelines.get(bucket)
+            if pipeline is not None and pipeline.jobs:
+                return None
+        batches = split_batches(records)
+        if len(batches) != 1:
+            return None
+        batch = batches[0]
+        header = parse_batch_header(batch)
+        verify_crc(batch, header)
+        if header.is_control or header.attributes & ATTR_TRANSACTIONAL:
+            return None
+        wire = _owned_wire(batch)
+        write, meta = kafka_batches.to_wire_records(memoryview(wire), header)
+        bucket.tablet.check_online()
+        producer_state = broker.extensions.get("producer_state")
+        idempotent = producer_state is not None and meta.producer_id >= 0
+        if idempotent:
+            if not producer_state.loaded(bucket):
+                return None
+            duplicate = producer_state.check(bucket, meta)
+    except FluvialError:
+        return None
+    group_commit = bucket.group_commit
+    if idempotent and duplicate is not None:
+        # The original may still be waiting for its fsync.
+        response = ProducedPartition(index, 0, duplicate.base_offset, -1, bucket.log_start_offset)
+        offset = duplicate.last_offset + 1
+    else:
+        try:
+            written = bucket.append(write, meta, coalesce=True)
+        except FluvialError as exc:
+            # As `_respond`: refused at the append (an offline bucket), answered at once.
+            response = _error(index, exc)
+            broker.kafka.request_stats.error(ApiKey.PRODUCE, response.error_code)
+            return EncodedResponse([encode_produce_response(ctx.header, [(t.name, [response])])])
+        if idempotent:
+            producer_state.record(bucket, written)
+        _cache_wire(broker, bucket, written, wire)
+        response = ProducedPartition(index, 0, written.base_offset, -1, bucket.log_start_offset)
+        offset = written.base_offset + written.record_count
+    reply = Reply()
+    group_commit.when_durable(offset, _OnDurable(reply, ctx.header, t.name, response,
+                                                 broker.kafka.request_stats, index))
+    return Deferred(reply)
+
+
+class _OnDurable:
+    """`produce_one`'s answer, encoded and handed to the connection once its records are
+    durable (or refused when their flush failed: never acknowledged)."""
+
+    __slots__ = ("reply", "header", "topic", "response", "stats", "index")
+
+    def __init__(self, reply: Reply, header, topic: str, response: ProducedPartition, stats, index: int) -> None:
+        self.reply, self.header, self.topic, self.response, self.stats, self.index = \
+            reply, header, topic, response, stats, index
+
+    def __call__(self, failure: BaseException | None) -> None:
+        reply = self.reply
+        if reply.finished:
+            return
+        if isinstance(failure, asyncio.CancelledError):
+            reply.set_failure(failure)
+            return
+        response = self.response
+        if failure is not None:
+            code = failure.code if isinstance(failure, FluvialError) else ErrorCode.KAFKA_STORAGE_ERROR
+            log.error("produce to %s-%d not acknowledged: %s", self.topic, self.index, failure)
+            response.error_code, response.base_offset = code, -1
+            self.stats.error(ApiKey.PRODUCE, code)
+            response.error_message = str(failure)
+        reply.set_result(encode_produce_response(self.header, [(self.topic, [response])]))
 
 
 @handles(ApiKey.PRODUCE, 0, 12)
