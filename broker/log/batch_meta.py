@@ -32,9 +32,16 @@ _OPTIONAL_FIELDS = ("producer_record_count", "delete_horizon_ms")
 _ENCODED = (_ENCODING_VERSION + ";%d" * len(_FIELDS)).encode("ascii")
 
 
-@dataclass(frozen=True, slots=True)
+_set = object.__setattr__
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class BatchMeta:
-    """What Kafka keeps in a record batch header, beside the rows themselves."""
+    """What Kafka keeps in a record batch header, beside the rows themselves.
+
+    Its ``__init__`` is written out (the fields, in order, with their defaults): every
+    produced batch makes two or three, and the generated one of a frozen dataclass looks
+    ``object.__setattr__`` up for every field (1.3-1.4 against 1.1-1.2 us, timeit)."""
 
     base_offset: int
     last_offset_delta: int
@@ -54,6 +61,24 @@ class BatchMeta:
     # Log compaction: set when the cleaner first kept this batch's tombstones; once the wall
     # clock passes it (delete.retention.ms later) a later cleaning removes them. -1: none.
     delete_horizon_ms: int = -1
+
+    def __init__(self, base_offset: int, last_offset_delta: int, record_count: int, base_timestamp: int,
+                 max_timestamp: int, producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+                 attributes: int = 0, partition_leader_epoch: int = 0, schema_id: int = -1,
+                 producer_record_count: int = -1, delete_horizon_ms: int = -1) -> None:
+        _set(self, "base_offset", base_offset)
+        _set(self, "last_offset_delta", last_offset_delta)
+        _set(self, "record_count", record_count)
+        _set(self, "base_timestamp", base_timestamp)
+        _set(self, "max_timestamp", max_timestamp)
+        _set(self, "producer_id", producer_id)
+        _set(self, "producer_epoch", producer_epoch)
+        _set(self, "base_sequence", base_sequence)
+        _set(self, "attributes", attributes)
+        _set(self, "partition_leader_epoch", partition_leader_epoch)
+        _set(self, "schema_id", schema_id)
+        _set(self, "producer_record_count", producer_record_count)
+        _set(self, "delete_horizon_ms", delete_horizon_ms)
 
     @property
     def last_offset(self) -> int:
