@@ -283,8 +283,9 @@ enum {
     OP_DECIMAL_FIXED = 13, OP_COUNT = 14
 };
 /* Flags (`b`) of OP_BLOB and OP_INT/OP_LONG. */
-#define BLOB_LARGE 2       /* int64 offsets (large_string); strings are checked as UTF-8 by
-                            * Arrow's validation of the imported column (faster than a loop here) */
+#define BLOB_TEXT 1        /* a string column: whether it is all ASCII is reported (checked_text) */
+#define BLOB_LARGE 2       /* int64 offsets (large_string); strings that are not all ASCII are
+                            * checked as UTF-8 by Arrow's validation of the imported column */
 #define INT_UNSIGNED 0x100 /* the low byte is the column's width in bytes */
 
 #define BAD 1 /* the record does not decode */
@@ -827,6 +828,18 @@ reserve_for_batch(Node *nodes, Py_ssize_t nnodes, Py_ssize_t n, int64_t data_siz
     }
 }
 
+/* Whether s[0 .. len) is all ASCII (then it is well-formed UTF-8, whatever its values'
+ * bounds): one pass OR-ing the bytes (the compiler makes it a vector loop). */
+static int
+all_ascii(const uint8_t *s, int64_t len)
+{
+    uint8_t seen = 0;
+    int64_t i;
+    for (i = 0; i < len; i++)
+        seen |= s[i];
+    return seen < 0x80;
+}
+
 /* Where record i's Avro value lies: [pos[i], end[i]) (int64 positions), or, framed, the
  * value at [offsets[i], offsets[i + 1]) (an Arrow binary column's int32 offsets) after the
  * Confluent wire-format header (magic byte 0, the 4-byte big-endian schema id), which
@@ -860,9 +873,11 @@ record_bounds(const Bounds *b, const uint8_t *buf, int64_t size, Py_ssize_t i, i
 }
 
 /* The shared body of decode_batch and decode_framed: a[0..3] are program, symbols, symbol
- * offsets and data; `bounds` says where each of the `n` records lies. */
+ * offsets and data; `bounds` says where each of the `n` records lies; `checked` (NULL, or
+ * one byte per program entry) gets 1 for each string column (a string, a map key or an
+ * enum) whose bytes are all ASCII, 0 for every other entry. */
 static PyObject *
-decode_records_with(Arg *a, const Bounds *bounds, Py_ssize_t n)
+decode_records_with(Arg *a, const Bounds *bounds, Py_ssize_t n, Arg *checked)
 {
     PyObject *out = NULL;
     Holder *h = NULL;
@@ -888,6 +903,10 @@ decode_records_with(Arg *a, const Bounds *bounds, Py_ssize_t n)
             }
         if (plen < 2 || prog[0] < 1 || prog[1] < 0 || plen != 2 + 5 * prog[0] + prog[1]) {
             PyErr_SetString(PyExc_ValueError, "malformed schema program");
+            goto done;
+        }
+        if (checked != NULL && checked->view.len != prog[0]) {
+            PyErr_SetString(PyExc_ValueError, "checked needs one byte per program entry");
             goto done;
         }
         nnodes = (Py_ssize_t)prog[0];
@@ -967,6 +986,19 @@ decode_records_with(Arg *a, const Bounds *bounds, Py_ssize_t n)
                 if (i == 0 && n > 1)
                     reserve_for_batch(nodes, nnodes, n - 1, size);
             }
+            /* String columns of ASCII alone need no UTF-8 check value by value. */
+            if (checked != NULL && rc == OK) {
+                uint8_t *ok = (uint8_t *)checked->view.buf;
+                for (i = 0; i < nnodes; i++) {
+                    const Node *nd = &nodes[i];
+                    if (nd->op == OP_BLOB && (nd->b & BLOB_TEXT))
+                        ok[i] = (uint8_t)all_ascii(nd->body.p, (int64_t)nd->body.len);
+                    else if (nd->op == OP_ENUM)
+                        ok[i] = (uint8_t)all_ascii(d.symbols + symoff[nd->a], symoff[nd->a + nd->b] - symoff[nd->a]);
+                    else
+                        ok[i] = 0;
+                }
+            }
             Py_END_ALLOW_THREADS
         }
         if (rc == NO_MEMORY) {
@@ -1011,16 +1043,17 @@ done:
 static PyObject *
 decode_batch(PyObject *self, PyObject *args)
 {
-    PyObject *o[6], *out = NULL;
-    Arg a[6];
+    PyObject *o[7] = {NULL}, *out = NULL;
+    Arg a[7];
     Bounds bounds = {NULL, NULL, NULL, -1};
 
     memset(a, 0, sizeof a);
-    if (!PyArg_ParseTuple(args, "OOOOOO:decode_batch", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5]))
+    if (!PyArg_ParseTuple(args, "OOOOOO|O:decode_batch", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]))
         return NULL;
     if (arg_get(&a[0], o[0], 0, 8, "program") < 0 || arg_get(&a[1], o[1], 0, 1, "symbols") < 0 ||
         arg_get(&a[2], o[2], 0, 8, "symbol offsets") < 0 || arg_get(&a[3], o[3], 0, 1, "data") < 0 ||
-        arg_get(&a[4], o[4], 0, 8, "pos") < 0 || arg_get(&a[5], o[5], 0, 8, "end") < 0)
+        arg_get(&a[4], o[4], 0, 8, "pos") < 0 || arg_get(&a[5], o[5], 0, 8, "end") < 0 ||
+        (o[6] != NULL && arg_get(&a[6], o[6], 1, 1, "checked") < 0))
         goto done;
     if (a[5].view.len != a[4].view.len) {
         PyErr_SetString(PyExc_ValueError, "pos and end must have one item per record");
@@ -1028,26 +1061,26 @@ decode_batch(PyObject *self, PyObject *args)
     }
     bounds.pos = (const int64_t *)a[4].view.buf;
     bounds.end = (const int64_t *)a[5].view.buf;
-    out = decode_records_with(a, &bounds, a[4].view.len / 8);
+    out = decode_records_with(a, &bounds, a[4].view.len / 8, o[6] != NULL ? &a[6] : NULL);
 done:
-    args_release(a, 6);
+    args_release(a, 7);
     return out;
 }
 
 static PyObject *
 decode_framed(PyObject *self, PyObject *args)
 {
-    PyObject *o[5], *out = NULL;
-    Arg a[5];
+    PyObject *o[6] = {NULL}, *out = NULL;
+    Arg a[6];
     long long schema_id;
     Bounds bounds = {NULL, NULL, NULL, -1};
 
     memset(a, 0, sizeof a);
-    if (!PyArg_ParseTuple(args, "OOOOOL:decode_framed", &o[0], &o[1], &o[2], &o[3], &o[4], &schema_id))
+    if (!PyArg_ParseTuple(args, "OOOOOL|O:decode_framed", &o[0], &o[1], &o[2], &o[3], &o[4], &schema_id, &o[5]))
         return NULL;
     if (arg_get(&a[0], o[0], 0, 8, "program") < 0 || arg_get(&a[1], o[1], 0, 1, "symbols") < 0 ||
         arg_get(&a[2], o[2], 0, 8, "symbol offsets") < 0 || arg_get(&a[3], o[3], 0, 1, "data") < 0 ||
-        arg_get(&a[4], o[4], 0, 4, "offsets") < 0)
+        arg_get(&a[4], o[4], 0, 4, "offsets") < 0 || (o[5] != NULL && arg_get(&a[5], o[5], 1, 1, "checked") < 0))
         goto done;
     if (a[4].view.len < 4) {
         PyErr_SetString(PyExc_ValueError, "offsets need one item more than records");
@@ -1055,22 +1088,25 @@ decode_framed(PyObject *self, PyObject *args)
     }
     bounds.offsets = (const int32_t *)a[4].view.buf;
     bounds.schema_id = schema_id;
-    out = decode_records_with(a, &bounds, a[4].view.len / 4 - 1);
+    out = decode_records_with(a, &bounds, a[4].view.len / 4 - 1, o[5] != NULL ? &a[5] : NULL);
 done:
-    args_release(a, 5);
+    args_release(a, 6);
     return out;
 }
 
 PyDoc_STRVAR(decode_batch_doc,
-"decode_batch(program, symbols, symbol_offsets, data, pos, end) -> int\n\n"
+"decode_batch(program, symbols, symbol_offsets, data, pos, end[, checked]) -> int\n\n"
 "Decode one Avro value per record at [pos[i], end[i]) of data (uint8) with a schema\n"
 "program (int64, built by avro_binary; enum symbols as UTF-8 bytes with int64 offsets).\n"
 "Returns the address of an Arrow C data interface array holding the column (import it\n"
 "with pyarrow.Array._import_from_c and the column's type), or, when a record does not\n"
-"decode (any problem, or bytes left over), that record's index as a negative number - 1.");
+"decode (any problem, or bytes left over), that record's index as a negative number - 1.\n"
+"checked (uint8, one per program entry, written when the batch decodes): 1 for each\n"
+"string column (string, map key, enum) whose bytes are all ASCII, so that its UTF-8 needs\n"
+"no check value by value; 0 elsewhere.");
 
 PyDoc_STRVAR(decode_framed_doc,
-"decode_framed(program, symbols, symbol_offsets, data, offsets, schema_id) -> int\n\n"
+"decode_framed(program, symbols, symbol_offsets, data, offsets, schema_id[, checked]) -> int\n\n"
 "decode_batch for values in the Confluent wire format, read straight from a binary\n"
 "column's buffers: record i is [offsets[i], offsets[i + 1]) of data (offsets: int32, one\n"
 "more than records), a header (magic byte 0, the 4-byte big-endian schema id, which must\n"

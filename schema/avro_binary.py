@@ -269,6 +269,7 @@ class _Op:
 
 
 # Flags of a program entry (its `b`), as schema/_avro.c reads them.
+_BLOB_TEXT = 1  # a string column: the pass reports whether its bytes are all ASCII
 _BLOB_LARGE = 2
 _INT_UNSIGNED = 0x100  # the low byte: the column's width in bytes when narrower than Avro's
 _MAX_FIXED = 1 << 20  # the largest fixed size a program may hold (as schema/_avro.c checks)
@@ -288,6 +289,25 @@ class _Program:
     symbols: bytes
     symbol_offsets: np.ndarray  # int64
     type: pa.DataType
+    node: AvroNode
+    # `type` with the string columns a batch had all in ASCII as binary (by the pass's
+    # `checked` bytes): the type a decoded batch is imported and validated as.
+    import_types: dict[bytes, pa.DataType] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> int:
+        return int(self.code[0])
+
+    def import_type(self, checked: np.ndarray) -> pa.DataType:
+        key = checked.tobytes()
+        typ = self.import_types.get(key)
+        if typ is None:
+            typ = _ascii_as_binary(self.node, self.type, checked, [0])
+            if typ == self.type:
+                typ = self.type
+            if len(self.import_types) < _MAX_IMPORT_TYPES:
+                self.import_types[key] = typ
+        return typ
 
 
 _PROGRAMS: dict[int, tuple[AvroNode, _Program | None]] = {}
@@ -338,7 +358,7 @@ def _program(node: AvroNode) -> _Program | None:
         elif k in ("bytes", "string"):
             op = _Op.BLOB
             if k == "string":
-                b = _BLOB_LARGE if avro_type_to_arrow(n) == pa.large_string() else 0
+                b = _BLOB_TEXT | (_BLOB_LARGE if avro_type_to_arrow(n) == pa.large_string() else 0)
         elif k == "enum":
             if not n.symbols:
                 raise _NoProgram
@@ -374,11 +394,42 @@ def _program(node: AvroNode) -> _Program | None:
         offsets = np.zeros(len(symbols) + 1, np.int64)
         np.cumsum([len(s) for s in symbols], out=offsets[1:])
         program: _Program | None = _Program(np.array(code + flat, np.int64), b"".join(symbols), offsets,
-                                            avro_type_to_arrow(node))
+                                            avro_type_to_arrow(node), node)
     except _NoProgram:
         program = None
     _PROGRAMS[id(node)] = (node, program)
     return program
+
+
+_MAX_IMPORT_TYPES = 64  # kept per program: one per set of ASCII-only string columns seen
+
+
+def _ascii_as_binary(n: AvroNode, typ: pa.DataType, checked: np.ndarray, at: list[int]) -> pa.DataType:
+    """`typ` (the Arrow type of `n`'s values) with the string columns `checked` marks (all
+    ASCII in this batch) as binary, walking the schema in `_program`'s order (entry
+    `at[0]` is `n`)."""
+    i = at[0]
+    at[0] += 1
+    k = n.kind
+    if k == "union":
+        inner = n.branches[0] if len(n.branches) == 1 else n.nullable_value()
+        return _ascii_as_binary(inner, typ, checked, at)
+    if n.logical == "decimal":
+        return typ
+    if k in ("string", "enum"):
+        if checked[i]:
+            return {pa.string(): pa.binary(), pa.large_string(): pa.large_binary()}.get(typ, typ)
+        return typ
+    if k == "record":
+        return pa.struct([typ.field(j).with_type(_ascii_as_binary(f.type, typ.field(j).type, checked, at))
+                          for j, f in enumerate(n.fields)])
+    if k == "array":
+        return pa.list_(typ.value_field.with_type(_ascii_as_binary(n.items, typ.value_type, checked, at)))
+    if k == "map":
+        key = typ.key_field.with_type(_ascii_as_binary(_MAP_KEY, typ.key_type, checked, at))
+        return pa.map_(key, typ.item_field.with_type(_ascii_as_binary(n.values, typ.item_type, checked, at)),
+                       typ.keys_sorted)
+    return typ
 
 
 def _decode_native(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.ndarray) -> pa.Array | None:
@@ -388,8 +439,9 @@ def _decode_native(node: AvroNode, data: np.ndarray, pos: np.ndarray, end: np.nd
     program = _program(node)
     if program is None:
         return None
-    address = _native.decode_batch(program.code, program.symbols, program.symbol_offsets, data, pos, end)
-    return _imported(address, program)
+    checked = np.zeros(program.nodes, np.uint8)
+    address = _native.decode_batch(program.code, program.symbols, program.symbol_offsets, data, pos, end, checked)
+    return _imported(address, program, checked)
 
 
 def decode_framed(node: AvroNode, values: pa.Array, schema_id: int) -> pa.Array | None:
@@ -406,23 +458,28 @@ def decode_framed(node: AvroNode, values: pa.Array, schema_id: int) -> pa.Array 
     _, offsets, data = values.buffers()
     if data is None:
         return None
+    checked = np.zeros(program.nodes, np.uint8)
     address = _native.decode_framed(program.code, program.symbols, program.symbol_offsets,
                                     np.frombuffer(data, np.uint8),
-                                    np.frombuffer(offsets, np.int32, len(values) + 1, values.offset * 4), schema_id)
-    return _imported(address, program)
+                                    np.frombuffer(offsets, np.int32, len(values) + 1, values.offset * 4), schema_id,
+                                    checked)
+    return _imported(address, program, checked)
 
 
-def _imported(address: int, program: _Program) -> pa.Array | None:
+def _imported(address: int, program: _Program, checked: np.ndarray) -> pa.Array | None:
     if address < 0:
         return None
-    arr = pa.Array._import_from_c(address, program.type)
+    # String columns the pass found all ASCII are imported as binary: ASCII is UTF-8, and
+    # Arrow's check of each value (a few ns a value however short) is left to the columns
+    # with other characters. Arrow still validates everything else: every column's layout,
+    # decimals' precision, times of day.
+    typ = program.import_type(checked)
+    arr = pa.Array._import_from_c(address, typ)
     try:
-        # Strings as UTF-8 (Arrow's check is faster than one in the decoding pass), and the
-        # layout of every column as Arrow reads it.
         arr.validate(full=True)
     except pa.ArrowInvalid:
         return None
-    return arr
+    return arr if typ is program.type else arr.view(program.type)
 
 
 def decode_native_one(node: AvroNode, value: bytes, skip: int) -> pa.Array | None:

@@ -309,3 +309,123 @@ def test_values_their_column_cannot_hold_are_refused_naming_the_field():
     native, _, problems = both(schema.root, [ok, too_many_digits, before_midnight])
     assert native is None
     assert [(i, m.split(":")[0]) for i, m in problems] == [(1, "field 'd'"), (2, "field 't'")]
+
+
+# ------------------------------------------------------------ string columns of ASCII alone
+
+TEXTS = parse_avro({"type": "record", "name": "T", "fields": [
+    {"name": "s", "type": "string"},
+    {"name": "big", "type": {"type": "string", "arrow.type": "large_string"}},
+    {"name": "opt", "type": ["null", "string"]},
+    {"name": "tags", "type": {"type": "array", "items": "string"}},
+    {"name": "m", "type": {"type": "map", "values": "string"}},
+    {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}},
+    {"name": "by", "type": "bytes"},
+]})
+
+
+def _avro_string(raw: bytes) -> bytes:
+    """An Avro string (or bytes) value holding exactly `raw`, valid UTF-8 or not."""
+    n = len(raw) << 1
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out) + raw
+
+
+def _block(items: list[bytes]) -> bytes:
+    """An Avro array or map of already encoded items: one block, then the closing 0."""
+    return (bytes([len(items) << 1]) + b"".join(items) if items else b"") + b"\x00"
+
+
+def _texts_body(s: bytes, big: bytes, opt: bytes | None, tags: list[bytes], keys: list[bytes],
+                values: list[bytes], e: int = 0, by: bytes = b"\xff") -> bytes:
+    """A value of TEXTS with these raw string bytes (valid UTF-8 or not)."""
+    return (_avro_string(s) + _avro_string(big) + (b"\x00" if opt is None else b"\x02" + _avro_string(opt))
+            + _block([_avro_string(t) for t in tags])
+            + _block([_avro_string(k) + _avro_string(v) for k, v in zip(keys, values)])
+            + bytes([e << 1]) + _avro_string(by))
+
+
+def test_ascii_string_columns_skip_arrows_utf8_check_and_come_back_as_strings():
+    program = avro_binary._program(TEXTS.root)
+    bodies = [_texts_body(b"plain", "é".encode(), b"x", [b"t0", b"t1"], [b"k"], ["漢".encode()]),
+              _texts_body(b"", b"abc", None, [], [], [], e=1)]
+    lens = np.array([len(b) for b in bodies], np.int64)
+    end = np.cumsum(lens)
+    data = np.frombuffer(b"".join(bodies), np.uint8)
+    checked = np.zeros(program.nodes, np.uint8)
+    address = avro_binary._native.decode_batch(program.code, program.symbols, program.symbol_offsets, data,
+                                               end - lens, end, checked)
+    assert address > 0
+    pa.Array._import_from_c(address, program.type)  # release it
+    # Entries: record, s, big, opt (union), opt's string, tags, item, m, key, value, e, by.
+    assert checked.tolist() == [0, 1, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0]
+    native, reference, problems = both(TEXTS.root, bodies)
+    assert problems == [] and native is not None
+    assert native.type == program.type and native.equals(reference)
+    assert native.to_pylist()[0]["m"] == [("k", "漢")]
+    # The import type of this batch: the ASCII string columns as binary, the others kept.
+    import_type = program.import_type(checked)
+    assert import_type.field("s").type == pa.binary() and import_type.field("big").type == pa.large_string()
+    assert import_type.field("m").type.item_type == pa.string() and import_type.field("e").type == pa.binary()
+    assert program.import_type(np.zeros(program.nodes, np.uint8)) is program.type
+
+
+@pytest.mark.parametrize("where", ["s", "big", "opt", "tags", "key", "value"])
+@pytest.mark.parametrize("bad", [b"\xff", b"a\xc3", b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80", b"\x80"])
+def test_invalid_utf8_in_any_string_column_is_refused_naming_the_record(where, bad):
+    parts = {"s": b"ok", "big": b"ok", "opt": b"ok", "tags": b"ok", "key": b"ok", "value": b"ok", where: bad}
+    good = _texts_body(b"a", b"b", b"c", [b"d"], [b"e"], [b"f"])
+    bodies = [good, good, _texts_body(parts["s"], parts["big"], parts["opt"], [b"t", parts["tags"]],
+                                      [parts["key"]], [parts["value"]])]
+    native, _, problems = both(TEXTS.root, bodies)
+    assert native is None
+    assert [i for i, _ in problems] == [2] and "UTF-8" in problems[0][1]
+
+
+def test_decoding_without_the_checked_bytes_still_works_and_a_wrong_size_is_refused():
+    program = avro_binary._program(TEXTS.root)
+    body = _texts_body(b"a", b"b", None, [], [], [])
+    data = np.frombuffer(body, np.uint8)
+    pos, end = np.zeros(1, np.int64), np.array([len(body)], np.int64)
+    address = avro_binary._native.decode_batch(program.code, program.symbols, program.symbol_offsets, data, pos, end)
+    assert pa.Array._import_from_c(address, program.type).to_pylist()[0]["s"] == "a"
+    with pytest.raises(ValueError):
+        avro_binary._native.decode_batch(program.code, program.symbols, program.symbol_offsets, data, pos, end,
+                                         np.zeros(program.nodes + 1, np.uint8))
+
+
+def test_enum_symbols_other_than_ascii_are_left_to_arrows_check():
+    program = avro_binary._program(TEXTS.root)
+    symbols, offsets = "Aé".encode(), np.array([0, 1, 3], np.int64)
+    data = np.frombuffer(b"\x00\x00\x00\x00\x00\x02\x00", np.uint8)  # e is its second symbol
+    checked = np.zeros(program.nodes, np.uint8)
+    address = avro_binary._native.decode_batch(program.code, symbols, offsets, data, np.zeros(1, np.int64),
+                                               np.array([len(data)], np.int64), checked)
+    pa.Array._import_from_c(address, program.type)
+    assert checked[10] == 0  # the enum's entry: its symbols are not all ASCII
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.binary(max_size=12), min_size=6, max_size=6),
+       text=st.lists(st.text(max_size=5), min_size=6, max_size=6), mix=st.lists(st.booleans(), min_size=6, max_size=6))
+def test_fuzzed_string_bytes_are_taken_exactly_when_every_value_is_utf8(values, text, mix):
+    raw = [v if m else t.encode("utf-8", "surrogatepass") for v, t, m in zip(values, text, mix)]
+    body = _texts_body(raw[0], raw[1], raw[2], [raw[3]], [raw[4]], [raw[5]])
+    native, reference, problems = both(TEXTS.root, [body])
+
+    def utf8(b: bytes) -> bool:
+        try:
+            b.decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            return False
+
+    if all(map(utf8, raw)):
+        assert problems == [] and native is not None and native.equals(reference)
+        assert native.to_pylist()[0]["s"] == raw[0].decode()
+    else:
+        assert native is None and problems and "UTF-8" in problems[0][1]
