@@ -225,9 +225,11 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {c.name: c for c in [
                    "Materialize the table into a lake table (Apache Iceberg), kept up to date by tiering jobs."),
     TopicConfigDef("fluvial.storage.compression", "auto", "string",
                    "Compression of stored column buffers (Arrow IPC): auto (zstd for typed tables, none for a raw "
-                   "table's value bytes), none, lz4 or zstd. Recorded per batch: a change applies to new appends. "
+                   "table's value bytes), none, lz4, zstd, or zstd-delta (zstd with the offsets of strings, binaries, "
+                   "lists and maps stored as their differences: smaller, but only Fluvial reads such segments). "
+                   "Recorded per batch: a change applies to new appends. "
                    "Independent of compression.type, which is what Kafka fetches return.",
-                   ("auto", "none", "lz4", "zstd")),
+                   ("auto", "none", "lz4", "zstd", "zstd-delta")),
     TopicConfigDef("fluvial.lake.freshness", "30s", "duration",
                    "Target lag of the lake table behind the table (e.g. 30s, 500ms, 2min; a plain number is ms)."),
 ]}

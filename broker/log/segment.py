@@ -305,7 +305,7 @@ class LogSegment:
         pwrite_parts(self._fd, parts, position)
         batch_position = start + (len(encoded.schema_message) if start == 0 else 0)
         header = BatchHeader(batch_position, len(encoded.header), encoded.body_size, meta, -1, -1, encoded.stats,
-                             encoded.compressed, kafka_parts)
+                             encoded.compressed, kafka_parts, encoded.delta)
         self._add_batch(header)
         self._remember(header)
 
