@@ -332,8 +332,21 @@ def offsets_buffers(schema: pa.Schema) -> tuple[int, tuple[int, ...]] | None:
     children), or None when the schema has a type laid out otherwise (views, unions,
     dictionaries, run-end encoded, large offsets, extension types...): such batches are
     not delta-coded."""
+    layout = _layout_of(schema)
+    return None if layout is None else (layout[0], layout[1])
+
+
+def field_buffers(schema: pa.Schema) -> tuple[int, ...] | None:
+    """Where each top-level field's buffers start in a batch message of ``schema`` (and,
+    last, the buffer count); None as for ``offsets_buffers``."""
+    layout = _offsets_layouts.get(schema)
+    return None if layout is None else layout[2]
+
+
+def _layout_of(schema: pa.Schema) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
     count = 0
     offsets: list[int] = []
+    starts: list[int] = []
 
     def walk(type_: pa.DataType) -> bool:
         nonlocal count
@@ -356,26 +369,31 @@ def offsets_buffers(schema: pa.Schema) -> tuple[int, tuple[int, ...]] | None:
             return all(walk(child) for child in children)
         return False
 
-    if isinstance(schema, pa.Schema) and all(not isinstance(f.type, pa.ExtensionType) and walk(f.type) for f in schema):
-        return count, tuple(offsets)
-    return None
+    if not isinstance(schema, pa.Schema):
+        return None
+    for f in schema:
+        starts.append(count)
+        if isinstance(f.type, pa.ExtensionType) or not walk(f.type):
+            return None
+    return count, tuple(offsets), (*starts, count)
 
 
 _LAYOUTS_TRACKED = 16
 
 
 class _OffsetsLayouts(threading.local):
-    """``offsets_buffers`` per schema object (this thread's)."""
+    """The buffer layout (``_layout_of``) per schema object (this thread's)."""
 
     def __init__(self) -> None:
         self.by_schema: dict[int, tuple[pa.Schema, tuple | None]] = {}
 
-    def get(self, schema: pa.Schema) -> tuple[int, tuple[int, ...]] | None:
+    def get(self, schema: pa.Schema) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
         entry = self.by_schema.get(id(schema))
         if entry is None or entry[0] is not schema:
             if len(self.by_schema) >= _LAYOUTS_TRACKED:
                 self.by_schema.clear()
-            entry = self.by_schema[id(schema)] = (schema, offsets_buffers(schema))
+            # The schema is kept with its entry, so its id is not reused meanwhile.
+            entry = self.by_schema[id(schema)] = (schema, _layout_of(schema))
         return entry[1]
 
 
@@ -396,7 +414,8 @@ def _delta_code(body: memoryview, spans: tuple[int, ...], schema: pa.Schema) -> 
         body = memoryview(bytearray(body))
     for i in indexes:
         values = np.frombuffer(body, dtype="<i4", count=spans[2 * i + 1] // 4, offset=spans[2 * i])
-        values[1:] = np.diff(values)  # int32 arithmetic wraps: any contents round-trip exactly
+        # int32 arithmetic wraps: any contents round-trip exactly.
+        np.subtract(values[1:], values[:-1], out=values[1:])
     return body, indexes
 
 
@@ -411,7 +430,9 @@ _decompressors = _Decompressors()
 def decode_delta(message: memoryview | bytes, indexes: tuple[int, ...]) -> bytes:
     """The plain zstd message (Arrow's own codec) of a delta-coded one: the buffers at
     ``indexes`` decompressed, summed back into offsets and stored uncompressed, every other
-    buffer as it was. ValueError when the message is not such a message."""
+    buffer as it was. A projection may pass only the delta-coded buffers of the fields it
+    reads: the others are then left as differences, and must not be read. ValueError when
+    the message is not such a message."""
     view = memoryview(message)
     meta_length = _PREFIX.unpack_from(view, 0)[1]
     meta = view[8 : 8 + meta_length]
@@ -428,43 +449,52 @@ def decode_delta(message: memoryview | bytes, indexes: tuple[int, ...]) -> bytes
     except (struct.error, IndexError) as exc:
         raise ValueError(f"unreadable record-batch header: {exc}") from exc
     body = view[8 + meta_length :]
-    spans = struct.unpack_from(f"<{(buffers_end - buffers_start) // 8}q", meta, buffers_start)
-    wanted = set(indexes)
-    if any(i < 0 or 2 * i >= len(spans) for i in wanted):
-        raise ValueError("delta-coded buffer index out of range")
+    spans = np.frombuffer(meta, dtype="<i8", count=(buffers_end - buffers_start) // 8, offset=buffers_start)
+    offsets, sizes = spans[0::2], spans[1::2].copy()
+    if len(offsets) and (offsets.min() < 0 or sizes.min() < 0 or (offsets + sizes).max() > len(body)):
+        raise ValueError("buffer outside the message body")
+    # Only the delta-coded buffers change (and grow: they are stored uncompressed); the
+    # bytes between them are copied in one piece each, moved by what the buffers before
+    # them grew.
     parts: list = []
-    locations: list[int] = []
-    position = 0
-    for i in range(0, len(spans), 2):
-        offset, size = spans[i], spans[i + 1]
-        if offset < 0 or size < 0 or offset + size > len(body):
-            raise ValueError("buffer outside the message body")
-        stored = body[offset : offset + size]
-        if i // 2 in wanted and size:
-            if size < 8:
-                raise ValueError("delta-coded buffer without its length")
-            length = _I64.unpack_from(stored, 0)[0]
-            if length == -1:
-                raw = stored[8:]
-            else:
-                try:
-                    raw = _decompressors.zstd.decompress(stored[8:], max_output_size=length)
-                except zstandard.ZstdError as exc:
-                    raise ValueError(f"zstd decompression failed: {exc}") from exc
-                if len(raw) != length:
-                    raise ValueError("decompressed buffer of the wrong length")
-            if len(raw) % 4:
-                raise ValueError("delta-coded buffer not a whole number of int32")
-            stored = np.frombuffer(raw, dtype="<i4").cumsum(dtype=np.int32).astype("<i4", copy=False).data
-            parts += (_UNCOMPRESSED, stored)
-            size = 8 + stored.nbytes
+    ends: list[int] = []  # where each delta-coded buffer's stored region ended in the old body
+    shifts: list[int] = []  # how far everything after that end moves
+    shift = 0
+    copied_to = 0
+    for i in sorted(set(indexes)):
+        if i < 0 or i >= len(offsets):
+            raise ValueError("delta-coded buffer index out of range")
+        offset, size = int(offsets[i]), int(sizes[i])
+        if size == 0:
+            continue
+        if size < 8 or offset < copied_to:
+            raise ValueError("delta-coded buffer without its length, or out of order")
+        length = _I64.unpack_from(body, offset)[0]
+        if length == -1:
+            raw = body[offset + 8 : offset + size]
         else:
-            parts.append(stored)
-        locations += (position, size)
-        padding = -size % 8
-        if padding:
-            parts.append(_PADDING[:padding])
-        position += size + padding
-    header = _record_batch_header(row_count, meta[nodes_start:nodes_end], struct.pack(f"<{len(locations)}q", *locations),
-                                  meta[variadic_start:variadic_end] if variadic_end else None, position, {})
+            try:
+                raw = _decompressors.zstd.decompress(body[offset + 8 : offset + size], max_output_size=length)
+            except zstandard.ZstdError as exc:
+                raise ValueError(f"zstd decompression failed: {exc}") from exc
+            if len(raw) != length:
+                raise ValueError("decompressed buffer of the wrong length")
+        if len(raw) % 4:
+            raise ValueError("delta-coded buffer not a whole number of int32")
+        summed = np.frombuffer(raw, dtype="<i4").cumsum(dtype=np.int32).astype("<i4", copy=False)
+        old_end = offset + size + (-size % 8)
+        new_size = 8 + summed.nbytes
+        padding = -new_size % 8
+        parts += (body[copied_to:offset], _UNCOMPRESSED, summed.data, _PADDING[:padding])
+        copied_to = old_end
+        sizes[i] = new_size
+        shift += new_size + padding - (old_end - offset)
+        ends.append(old_end)
+        shifts.append(shift)
+    parts.append(body[copied_to:])
+    moved = offsets + np.concatenate(([0], shifts)).astype(np.int64)[np.searchsorted(ends, offsets, side="right")]
+    locations = np.empty(2 * len(offsets), dtype="<i8")
+    locations[0::2], locations[1::2] = moved, sizes
+    header = _record_batch_header(row_count, meta[nodes_start:nodes_end], locations.tobytes(),
+                                  meta[variadic_start:variadic_end] if variadic_end else None, len(body) + shift, {})
     return header + b"".join(parts)

@@ -23,7 +23,7 @@ from fluvial.broker.log.flatbuffer_read import field as _field
 from fluvial.broker.log.flatbuffer_read import field_u8 as _field_u8
 from fluvial.broker.log.flatbuffer_read import root as _root
 from fluvial.broker.log.flatbuffer_read import string_span as _string_span
-from fluvial.broker.log.ipc_compression import DELTA_KEY, compress_record_batch, decode_delta
+from fluvial.broker.log.ipc_compression import DELTA_KEY, compress_record_batch, decode_delta, field_buffers
 from fluvial.broker.log.statistics import STATS_KEY
 
 META_KEY = b"fluvial.batch"
@@ -536,8 +536,13 @@ def read_batch(data: pa.Buffer, header: BatchHeader, schema: pa.Schema,
     is read whole (it costs nothing) and the caller projects it."""
     message = data.slice(header.position, header.size)
     if header.delta:
+        delta = header.delta
+        starts = field_buffers(schema) if columns is not None and schema_message else None
+        if starts is not None:  # only the offsets of the columns read are summed back
+            wanted = [(starts[c], starts[c + 1]) for c in columns]
+            delta = tuple(i for i in delta if any(start <= i < end for start, end in wanted))
         try:
-            message = pa.py_buffer(decode_delta(message, header.delta))
+            message = pa.py_buffer(decode_delta(message, delta))
         except ValueError as exc:
             raise SegmentFormatError(f"unreadable delta-coded batch: {exc}") from exc
     if columns is not None and header.compressed and schema_message:
