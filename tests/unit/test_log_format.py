@@ -254,3 +254,19 @@ def test_a_short_gather_write_is_finished(tmp_path, monkeypatch):
     finally:
         os.close(fd)
     assert (tmp_path / "f").read_bytes() == b"X" * 7 + b"head" + b"0123456789" * 100 + b"tail" * 50
+
+
+def test_a_column_named_like_the_checksum_placeholder_is_stored_and_checked():
+    """Statistics name the columns: a column called like the checksum's placeholder text
+    puts that text twice in the header, and the checksum still goes in its own field."""
+    from fluvial.broker.log.segment_format import _CRC_PLACEHOLDER
+    from fluvial.broker.log.statistics import compute_stats
+    batch = pa.record_batch({"_offset": pa.array(range(3), pa.int64()),
+                             _CRC_PLACEHOLDER.decode(): pa.array([1, 2, 3], pa.int64())})
+    for compression in ("none", "zstd"):
+        encoded = encode_batch(batch, BatchMeta(0, 2, 3, 0, 0), compute_stats(batch), compression=compression)
+        data = encoded.schema_message + encoded.header + encoded.body.to_pybytes()
+        header = parse_batch_header(memoryview(data), len(encoded.schema_message), len(data))
+        assert checksum_matches(memoryview(data), header, schema_checksum(encoded.schema_message))
+        assert _CRC_PLACEHOLDER in encoded.header  # the column's name in the statistics
+        assert read_batch(pa.py_buffer(data), header, batch.schema).equals(batch)
