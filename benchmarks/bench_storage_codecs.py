@@ -50,8 +50,8 @@ def run_case(size: int, rows: int, batch_count: int, runs: int, fmt: TypedValueF
     rng = random.Random(size + rows)
     batches = []
     for k in range(batch_count):
-        raw, stored, meta = stored_batch(confluent_wire(SCHEMA20, sid, [make_record(rng, k * rows + i, PAD_BY_SIZE[size])
-                                                                       for i in range(rows)]), fmt)
+        values = confluent_wire(SCHEMA20, sid, [make_record(rng, k * rows + i, PAD_BY_SIZE[size]) for i in range(rows)])
+        raw, stored, meta = stored_batch(values, fmt)
         batches.append((stored, meta, len(raw)))
     schema = batches[0][0].schema
     batches = [(b if b.schema.equals(schema) else pa.RecordBatch.from_arrays(b.columns, schema=schema), m, n)
@@ -82,7 +82,8 @@ def run_case(size: int, rows: int, batch_count: int, runs: int, fmt: TypedValueF
     for codec in CODECS:  # what was written reads back as the batch
         for (message, header), (batch, _) in zip(written[codec], pairs):
             assert read_batch(message, header, schema).equals(batch)
-    out: dict = {"rows_per_batch": rows, "batches": batch_count, "kafka_bytes_per_record": round(kafka_bytes / records, 1)}
+    out: dict = {"rows_per_batch": rows, "batches": batch_count,
+                 "kafka_bytes_per_record": round(kafka_bytes / records, 1)}
     for codec in CODECS:
         stored = sum(message.size for message, _ in written[codec])
         out[codec] = {

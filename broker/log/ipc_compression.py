@@ -407,13 +407,17 @@ def _delta_code(body: memoryview, spans: tuple[int, ...], schema: pa.Schema) -> 
     layout = _offsets_layouts.get(schema)
     if layout is None or layout[0] != len(spans) // 2:
         return None
-    indexes = [i for i in layout[1] if spans[2 * i + 1] >= 8 and spans[2 * i + 1] % 4 == 0]
+    indexes = [i for i in layout[1]
+               if spans[2 * i + 1] >= 8 and spans[2 * i + 1] % 4 == 0 and spans[2 * i] % 4 == 0]
     if not indexes:
         return None
     if body.readonly:
         body = memoryview(bytearray(body))
+    # Buffers start 8-aligned in the body: one int32 view of it serves them all.
+    words = np.frombuffer(body, dtype="<i4", count=len(body) // 4)
     for i in indexes:
-        values = np.frombuffer(body, dtype="<i4", count=spans[2 * i + 1] // 4, offset=spans[2 * i])
+        start = spans[2 * i] // 4
+        values = words[start : start + spans[2 * i + 1] // 4]
         # int32 arithmetic wraps: any contents round-trip exactly.
         np.subtract(values[1:], values[:-1], out=values[1:])
     return body, indexes
@@ -427,12 +431,13 @@ class _Decompressors(threading.local):
 _decompressors = _Decompressors()
 
 
-def decode_delta(message: memoryview | bytes, indexes: tuple[int, ...]) -> bytes:
+def decode_delta(message: memoryview | bytes, indexes: tuple[int, ...], prefix: bytes = b"") -> bytes:
     """The plain zstd message (Arrow's own codec) of a delta-coded one: the buffers at
     ``indexes`` decompressed, summed back into offsets and stored uncompressed, every other
     buffer as it was. A projection may pass only the delta-coded buffers of the fields it
-    reads: the others are then left as differences, and must not be read. ValueError when
-    the message is not such a message."""
+    reads: the others are then left as differences, and must not be read. ``prefix`` (a
+    schema message, for a stream) comes before it in the same buffer. ValueError when the
+    message is not such a message."""
     view = memoryview(message)
     meta_length = _PREFIX.unpack_from(view, 0)[1]
     meta = view[8 : 8 + meta_length]
@@ -497,4 +502,4 @@ def decode_delta(message: memoryview | bytes, indexes: tuple[int, ...]) -> bytes
     locations[0::2], locations[1::2] = moved, sizes
     header = _record_batch_header(row_count, meta[nodes_start:nodes_end], locations.tobytes(),
                                   meta[variadic_start:variadic_end] if variadic_end else None, len(body) + shift, {})
-    return header + b"".join(parts)
+    return b"".join((prefix, header, *parts))

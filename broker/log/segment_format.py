@@ -539,21 +539,23 @@ def read_batch(data: pa.Buffer, header: BatchHeader, schema: pa.Schema,
     these columns are decompressed, and only they are in the result. An uncompressed batch
     is read whole (it costs nothing) and the caller projects it."""
     message = data.slice(header.position, header.size)
+    projected = columns is not None and header.compressed and bool(schema_message)
     if header.delta:
         delta = header.delta
-        starts = field_buffers(schema) if columns is not None and schema_message else None
+        starts = field_buffers(schema) if projected else None
         if starts is not None:  # only the offsets of the columns read are summed back
             wanted = [(starts[c], starts[c + 1]) for c in columns]
             delta = tuple(i for i in delta if any(start <= i < end for start, end in wanted))
         try:
-            message = pa.py_buffer(decode_delta(message, delta))
+            # A projection's stream (below) is built in the same copy.
+            message = pa.py_buffer(decode_delta(message, delta, schema_message if projected else b""))
         except ValueError as exc:
             raise SegmentFormatError(f"unreadable delta-coded batch: {exc}") from exc
-    if columns is not None and header.compressed and schema_message:
+    if projected:
         # pyarrow reads a subset of fields only through a stream reader, so the batch goes
         # behind its schema message: a copy of the compressed bytes, less than decompressing
         # the columns not asked for.
-        stream = pa.py_buffer(schema_message + message.to_pybytes())
+        stream = message if header.delta else pa.py_buffer(schema_message + message.to_pybytes())
         options = ipc.IpcReadOptions(included_fields=sorted(set(columns)), use_threads=False)
         return ipc.open_stream(stream, options=options).read_next_batch()
     return ipc.read_record_batch(ipc.read_message(message), schema)
