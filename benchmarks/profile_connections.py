@@ -10,9 +10,10 @@ broker, fsyncs per second. Reported per round: loop-thread and whole-process CPU
 request, the collector's share, the tracked objects left outside the frozen startup set
 (with the most common types), and the generator's ack latency.
 
-Run: `python benchmarks/profile_connections.py [--rounds 2] [--baseline REV]`. With
-`--baseline` the broker of an older commit (exported as bench_small_requests.py does) runs in
-alternating rounds. Results: benchmarks/results/profile-connections.json, with the load
+Run: `python benchmarks/profile_connections.py [--rounds 2] [--baseline REV]
+[--switch-interval-s S]`. With `--baseline` the broker of an older commit (exported as
+bench_small_requests.py does) runs in alternating rounds; with `--switch-interval-s` the
+broker with that GIL switch interval does. Results: benchmarks/results/profile-connections.json, with the load
 average of each round.
 """
 from __future__ import annotations
@@ -57,6 +58,8 @@ def report(*_):
         json.dump({"generations": stats, "tracked": len(tracked), "frozen": gc.get_freeze_count(),
                    "top_types": types.most_common(8)}, f)
 signal.signal(signal.SIGUSR1, report)
+if os.environ.get("FLUVIAL_SWITCH_INTERVAL_S"):
+    sys.setswitchinterval(float(os.environ["FLUVIAL_SWITCH_INTERVAL_S"]))
 signal.signal(signal.SIGUSR2, lambda *_: stats.clear())
 sys.argv = ["fluvial", *sys.argv[1:]]
 from fluvial.broker.cli import main
@@ -81,7 +84,8 @@ def counters(http_port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10).read().decode()
     wanted = ('fluvial_kafka_request_duration_seconds_count{api="produce"}',
               'fluvial_kafka_request_duration_seconds_sum{api="produce"}',
-              "fluvial_log_fsync_duration_seconds_count")
+              "fluvial_log_fsync_duration_seconds_count", "fluvial_log_fsync_duration_seconds_sum",
+              "fluvial_event_loop_lag_seconds_count", "fluvial_event_loop_lag_seconds_sum")
     out = {}
     for line in text.splitlines():
         for name in wanted:
@@ -133,6 +137,14 @@ def run_round(args, loadgen: Path, wrapper: Path) -> dict:
                                                    - m0["fluvial_kafka_request_duration_seconds_sum"]) / requests, 1),
         "fsyncs_per_s": round((m1["fluvial_log_fsync_duration_seconds_count"]
                                - m0["fluvial_log_fsync_duration_seconds_count"]) / wall),
+        "fsync_ms_mean": round(1000 * (m1["fluvial_log_fsync_duration_seconds_sum"]
+                                       - m0["fluvial_log_fsync_duration_seconds_sum"])
+                               / max(1.0, m1["fluvial_log_fsync_duration_seconds_count"]
+                                     - m0["fluvial_log_fsync_duration_seconds_count"]), 2),
+        "loop_lag_ms_mean": round(1000 * (m1["fluvial_event_loop_lag_seconds_sum"]
+                                          - m0["fluvial_event_loop_lag_seconds_sum"])
+                                  / max(1.0, m1["fluvial_event_loop_lag_seconds_count"]
+                                        - m0["fluvial_event_loop_lag_seconds_count"]), 2),
         "loop_cpu_us_per_request": round(1e6 * loop / requests, 1),
         "process_cpu_us_per_request": round(1e6 * process / requests, 1),
         "loop_cores": round(loop / wall, 2), "process_cores": round(process / wall, 2),
@@ -152,17 +164,25 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=8)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--baseline", default=None, help="git revision to compare with, rounds alternating")
+    p.add_argument("--switch-interval-s", type=float, default=None,
+                   help="also run the broker with this GIL switch interval (sys.setswitchinterval), rounds alternating")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "profile-connections.json")
     args = p.parse_args()
     loadgen = build_loadgen()
     wrapper = Path(tempfile.mkdtemp(prefix="fluvial-gc-")) / "gc_broker.py"
     wrapper.write_text(_GC_WRAPPER)
-    variants = [("fluvial", None)]
+    variants = [("fluvial", None, None)]
     if args.baseline:
-        variants.append((f"fluvial@{args.baseline}", baseline_checkout(args.baseline)))
+        variants.append((f"fluvial@{args.baseline}", baseline_checkout(args.baseline), None))
+    if args.switch_interval_s is not None:
+        variants.append((f"fluvial@switch-{args.switch_interval_s}", None, args.switch_interval_s))
     figures: dict[str, list] = collections.defaultdict(list)
     for r in range(args.rounds):
-        for name, path in (variants if r % 2 else variants[::-1]):
+        for name, path, interval in (variants if r % 2 else variants[::-1]):
+            if interval is None:
+                os.environ.pop("FLUVIAL_SWITCH_INTERVAL_S", None)
+            else:
+                os.environ["FLUVIAL_SWITCH_INTERVAL_S"] = str(interval)
             with python_path(path):
                 row = run_round(args, loadgen, wrapper)
             print(name, json.dumps({k: v for k, v in row.items() if k != "gc"}), flush=True)
