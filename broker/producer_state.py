@@ -380,6 +380,10 @@ class ProducerStateRegistry:
     def loaded(self, bucket: "Bucket") -> bool:
         return bucket in self._managers
 
+    def loaded_manager(self, bucket: "Bucket") -> ProducerStateManager | None:
+        """The bucket's state when loaded (None: not yet, see `ensure_loaded`)."""
+        return self._managers.get(bucket)
+
     def start_loading(self, buckets: Iterable["Bucket"]) -> None:
         """Load the buckets' states in the background (I/O threads): the listeners need not
         wait for them; a produce to a bucket still loading waits in `ensure_loaded`."""

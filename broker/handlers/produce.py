@@ -10,6 +10,7 @@ import asyncio
 import collections
 import concurrent.futures
 import logging
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.fetch_response import EncodedResponse
 from fluvial.protocol.messages import ApiKey, response_class
 from fluvial.protocol.produce_response import ProducedPartition, encode_produce_response
-from fluvial.protocol.records import parse_batch_header, split_batches, verify_crc
+from fluvial.protocol.records import LENGTH_END, parse_batch_header, split_batches, verify_crc
 from fluvial.security.acls import AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
@@ -230,7 +231,7 @@ def produce_one(ctx: RequestContext, request) -> Deferred | None:
     partition = t.partition_data[0]
     records = partition.records
     table = broker.tables.tables.get(t.name)
-    if table is None or records is None or len(records) >= INLINE_CONVERT_BYTES \
+    if table is None or type(records) is not memoryview or len(records) >= INLINE_CONVERT_BYTES \
             or type(table.kind) is not _LogTable or table.value_format is not kafka_batches.RAW or table.compacted:
         return None
     index = partition.index
@@ -244,11 +245,12 @@ def produce_one(ctx: RequestContext, request) -> Deferred | None:
             pipeline = _pipelines.get(bucket)
             if pipeline is not None and pipeline.jobs:
                 return None
-        batches = split_batches(records)
-        if len(batches) != 1:
-            return None
-        batch = batches[0]
+        # One batch filling the records field is what split_batches would return as its
+        # only batch; anything else (several, or trailing bytes) goes the general way.
+        batch = records
         header = parse_batch_header(batch)
+        if LENGTH_END + header.batch_length != len(batch):
+            return None
         verify_crc(batch, header)
         if header.is_control or header.attributes & ATTR_TRANSACTIONAL:
             return None
@@ -258,9 +260,11 @@ def produce_one(ctx: RequestContext, request) -> Deferred | None:
         producer_state = broker.extensions.get("producer_state")
         idempotent = producer_state is not None and meta.producer_id >= 0
         if idempotent:
-            if not producer_state.loaded(bucket):
+            producers = producer_state.loaded_manager(bucket)
+            if producers is None:
                 return None
-            duplicate = producer_state.check(bucket, meta)
+            # As ProducerStateRegistry.check, with the bucket's state looked up once.
+            duplicate = producers.check_meta(meta) if meta.base_sequence >= 0 else None
     except FluvialError:
         return None
     group_commit = bucket.group_commit
@@ -277,7 +281,7 @@ def produce_one(ctx: RequestContext, request) -> Deferred | None:
             broker.kafka.request_stats.error(ApiKey.PRODUCE, response.error_code)
             return EncodedResponse([encode_produce_response(ctx.header, [(t.name, [response])])])
         if idempotent:
-            producer_state.record(bucket, written)
+            producers.apply(written, int(time.time() * 1000))  # ProducerStateRegistry.record
         _cache_wire(broker, bucket, written, wire)
         response = ProducedPartition(index, 0, written.base_offset, -1, bucket.log_start_offset)
         offset = written.base_offset + written.record_count

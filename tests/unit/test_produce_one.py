@@ -152,6 +152,8 @@ def test_unusual_and_refused_requests_answer_as_before(tmp_path):
         await pair.same(frame(batch(1), topic="compacted"))          # keyless record: refused
         await pair.same(frame(batch(2), topic="appendtime"), True)       # broker time: general path
         await pair.same(frame(bytes(good) + bytes(good)))            # two batches
+        await pair.same(frame(bytes(good) + b"\0" * 5))              # trailing bytes
+        await pair.same(frame(bytes(good) + bytes(good)[:70]))       # a second batch cut short
         await pair.same(frame(bytes(good)[:40]))                     # shorter than a header
         await pair.same(frame(b""))
         await pair.same(frame(None))                                 # null records
