@@ -529,18 +529,25 @@ class FluvialStreamReader(DataSourceStreamReader):
 
 def admit(start: Mapping[str, int], latest: Mapping[str, int], max_rows: int | None) -> dict[str, int]:
     """The end offsets of the next micro-batch: everything up to `latest`, or at most
-    `max_rows` rows shared among the buckets in proportion to what each has waiting (each
-    with something waiting moves by at least one, so no bucket starves)."""
+    `max_rows` rows shared among the buckets in proportion to what each has waiting. Each
+    bucket with something waiting moves by at least one row when the limit allows one for
+    each (no bucket starves); a smaller limit moves the buckets with the most waiting."""
     waiting = {b: max(0, latest[b] - int(start.get(b, latest[b]))) for b in latest}
     total = sum(waiting.values())
     if max_rows is None or total <= max_rows:
         return dict(latest)
     end = {b: int(start.get(b, latest[b])) for b in latest}
-    budget = max_rows
-    for b in sorted(waiting, key=lambda k: (-waiting[k], int(k))):
-        if waiting[b] == 0 or budget <= 0:
-            continue
-        take = min(waiting[b], budget, max(1, math.floor(max_rows * waiting[b] / total)))
+    movers = sorted((b for b in waiting if waiting[b]), key=lambda k: (-waiting[k], int(k)))
+    # One row each first, then the rest of the budget in proportion to what is still waiting.
+    for b in movers[:max_rows]:
+        end[b] += 1
+        waiting[b] -= 1
+    budget = max_rows - min(max_rows, len(movers))
+    rest = sum(waiting.values())
+    for b in movers:
+        if budget <= 0:
+            break
+        take = min(waiting[b], budget, math.floor((max_rows - len(movers)) * waiting[b] / rest)) if rest else 0
         end[b] += take
         budget -= take
     return end

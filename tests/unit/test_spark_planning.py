@@ -7,7 +7,7 @@ import random
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'pyspark>=4.0')")
@@ -57,6 +57,8 @@ def test_split_ranges_cover_the_range_once_in_bounded_pieces(start, length, size
 @settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.sampled_from([str(b) for b in range(6)]), st.tuples(st.integers(0, 1000), st.integers(0, 5000)),
                        min_size=1), st.one_of(st.none(), st.integers(1, 3000)))
+# A limit of one row per bucket, where proportional shares alone left a bucket of one row behind.
+@example(buckets={"0": (0, 1), "1": (0, 1), "2": (0, 4)}, limit=3)
 def test_admission_stays_within_the_limit_and_moves_every_waiting_bucket(buckets, limit):
     start = {b: lo for b, (lo, _) in buckets.items()}
     latest = {b: lo + extra for b, (lo, extra) in buckets.items()}
