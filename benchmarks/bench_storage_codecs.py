@@ -24,13 +24,10 @@ import pyarrow as pa
 
 from benchmarks import machine
 from benchmarks.avro_records import SCHEMA20, confluent_wire, make_record
-from benchmarks.bench_typed_produce_path import stored_batch
+from benchmarks.bench_typed_produce_path import stored_batch, typed_value_format
 from benchmarks.workloads.avro_common import PAD_BY_SIZE
 from fluvial.broker.log.segment_format import _stored_schema, encode_batch, parse_batch_header, read_batch
 from fluvial.broker.log.statistics import compute_stats
-from fluvial.broker.metadata import MetadataStore
-from fluvial.schema.codecs import value_codec
-from fluvial.schema.registry import SchemaRegistry, parse_schema
 from fluvial.schema.value_format import TypedValueFormat
 
 RESULTS = Path(__file__).parent / "results" / "storage-codecs.json"
@@ -102,9 +99,7 @@ def main() -> None:
     args = ap.parse_args()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        registry = SchemaRegistry(MetadataStore(os.path.join(tmp, "meta.db")))
-        sid = registry.register("bench-value", parse_schema(json.dumps(SCHEMA20)))[0]
-        fmt = TypedValueFormat(value_codec(registry, "bench"))
+        fmt, sid = typed_value_format(tmp)
         cases = {
             "200_bytes_5000_rows": run_case(200, 5000, 4, args.runs, fmt, sid),
             "200_bytes_500_rows": run_case(200, 500, 20, args.runs, fmt, sid),

@@ -231,6 +231,13 @@ def run_size(size: int, n: int, runs: int, fmt: TypedValueFormat, sid: int) -> d
     return out
 
 
+def typed_value_format(tmp: str) -> tuple[TypedValueFormat, int]:
+    """The 20-field schema registered in a registry under ``tmp``: its value format and schema id."""
+    registry = SchemaRegistry(MetadataStore(os.path.join(tmp, "meta.db")))
+    sid = registry.register("bench-value", parse_schema(json.dumps(SCHEMA20)))[0]
+    return TypedValueFormat(value_codec(registry, "bench")), sid
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch-records", type=int, default=5000)
@@ -238,9 +245,7 @@ def main() -> None:
     args = ap.parse_args()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        registry = SchemaRegistry(MetadataStore(os.path.join(tmp, "meta.db")))
-        sid = registry.register("bench-value", parse_schema(json.dumps(SCHEMA20)))[0]
-        fmt = TypedValueFormat(value_codec(registry, "bench"))
+        fmt, sid = typed_value_format(tmp)
         result = {
             "workload": "typed-produce-path", "machine": machine.describe(),
             "what": "CPU ms per Kafka batch of 20-field Avro records, each step of the typed produce path",
