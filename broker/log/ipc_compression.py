@@ -332,7 +332,7 @@ def offsets_buffers(schema: pa.Schema) -> tuple[int, tuple[int, ...]] | None:
     children), or None when the schema has a type laid out otherwise (views, unions,
     dictionaries, run-end encoded, large offsets, extension types...): such batches are
     not delta-coded."""
-    layout = _layout_of(schema)
+    layout = _offsets_layouts.get(schema)
     return None if layout is None else (layout[0], layout[1])
 
 
