@@ -308,14 +308,9 @@ class _OnDurable:
         if isinstance(failure, asyncio.CancelledError):
             reply.set_failure(failure)
             return
-        response = self.response
         if failure is not None:
-            code = failure.code if isinstance(failure, FluvialError) else ErrorCode.KAFKA_STORAGE_ERROR
-            log.error("produce to %s-%d not acknowledged: %s", self.topic, self.index, failure)
-            response.error_code, response.base_offset = code, -1
-            self.stats.error(ApiKey.PRODUCE, code)
-            response.error_message = str(failure)
-        reply.set_result(encode_produce_response(self.header, [(self.topic, [response])]))
+            _refuse_unflushed(self.response, self.topic, self.index, failure, self.stats)
+        reply.set_result(encode_produce_response(self.header, [(self.topic, [self.response])]))
 
 
 @handles(ApiKey.PRODUCE, 0, 12)
@@ -408,11 +403,15 @@ def _accepted(p: _Part, written, lat: dict[str, int], durable_waits: list | None
 
 def _not_acknowledged(p: _Part, outcome: BaseException, stats) -> None:
     """A partition whose flush failed: answered with the failure, not acknowledged."""
+    _refuse_unflushed(p.response, p.topic, p.index, outcome, stats)
+
+
+def _refuse_unflushed(response: ProducedPartition, topic: str, index: int, outcome: BaseException, stats) -> None:
     code = outcome.code if isinstance(outcome, FluvialError) else ErrorCode.KAFKA_STORAGE_ERROR
-    log.error("produce to %s-%d not acknowledged: %s", p.topic, p.index, outcome)
-    p.response.error_code, p.response.base_offset = code, -1
+    log.error("produce to %s-%d not acknowledged: %s", topic, index, outcome)
+    response.error_code, response.base_offset = code, -1
     stats.error(ApiKey.PRODUCE, code)
-    p.response.error_message = str(outcome)
+    response.error_message = str(outcome)
 
 
 async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[_Part], lat: dict[str, int]):
