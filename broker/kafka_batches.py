@@ -15,8 +15,8 @@ import pyarrow.compute as pc
 
 from fluvial.broker.log import BatchMeta, StoredBatch
 from fluvial.errors import InvalidRecordError
-from fluvial.protocol.records import (BatchHeader, Compression, RecordColumns, build_batch, check_records_stats,
-                                     decode_records, decode_records_section, records_section)
+from fluvial.protocol.records import (HEADER_SIZE, BatchHeader, Compression, RecordColumns, build_batch,
+                                     check_records_stats, decode_records, decode_records_section, records_section)
 
 TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
 HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())]))
@@ -197,6 +197,18 @@ def to_wire_records(batch: memoryview, header: BatchHeader) -> tuple[WireRecords
     # The section is a view of the request's bytes, which stay unchanged (only the batch
     # header's base offset and leader epoch are set later, outside the section).
     return WireRecords(records, n, header.base_timestamp, first, max_ts), meta
+
+
+def checked_wire_records(wire: memoryview, checked: tuple) -> tuple[WireRecords, BatchMeta]:
+    """`to_wire_records` of a batch that `records.check_produced` accepted (its result
+    ``checked``): the same records and meta, from the fields the compiled check read."""
+    (attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence,
+     n, partition_leader_epoch, section, first_delta, max_delta) = checked
+    meta = BatchMeta(-1, last_offset_delta, n, base_timestamp, max_timestamp, producer_id, producer_epoch,
+                     base_sequence, attributes & (ATTR_CODEC_MASK | 0x30), partition_leader_epoch, -1)
+    if section is None:
+        section = wire[HEADER_SIZE:]
+    return WireRecords(section, n, base_timestamp, base_timestamp + first_delta, base_timestamp + max_delta), meta
 
 
 def _typed_with_tombstones(values: pa.Array, value_format) -> tuple[list[pa.Array], int, np.ndarray]:

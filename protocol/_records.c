@@ -487,22 +487,18 @@ PyDoc_STRVAR(snappy_doc,
 "over to a library that releases it costs more than the work). None when the block\n"
 "declares more than `max_size` bytes; CorruptRecordError when it is malformed.");
 
+/* One raw snappy block: new bytes, None (more than max_size declared), or NULL with
+ * CorruptRecordError set. */
 static PyObject *
-snappy_uncompress(PyObject *self, PyObject *args)
+snappy_block(const uint8_t *p, Py_ssize_t n, Py_ssize_t max_size)
 {
-    Py_buffer in;
-    Py_ssize_t max_size;
     PyObject *result = NULL;
-    const uint8_t *p, *end;
+    const uint8_t *end = p + n;
     uint8_t *out, *o, *oend;
     uint64_t declared = 0;
     int shift = 0;
     const char *bad = NULL;
 
-    if (!PyArg_ParseTuple(args, "y*n:snappy_uncompress", &in, &max_size))
-        return NULL;
-    p = (const uint8_t *)in.buf;
-    end = p + in.len;
     for (;;) {
         if (p >= end || shift > 28) {
             bad = "bad snappy length preamble";
@@ -600,6 +596,171 @@ done:
         Py_CLEAR(result);
         PyErr_Format(CorruptRecordError, "cannot decompress snappy records: %s", bad);
     }
+    return result;
+}
+
+static PyObject *
+snappy_uncompress(PyObject *self, PyObject *args)
+{
+    Py_buffer in;
+    Py_ssize_t max_size;
+    PyObject *result;
+
+    if (!PyArg_ParseTuple(args, "y*n:snappy_uncompress", &in, &max_size))
+        return NULL;
+    result = snappy_block((const uint8_t *)in.buf, in.len, max_size);
+    PyBuffer_Release(&in);
+    return result;
+}
+
+/* ---------------------------------------------------------------- produced batch */
+
+/* CRC-32C (Castagnoli, reflected 0x82F63B78): SSE 4.2's instruction where the CPU has
+ * it, else a table. */
+static uint32_t crc32c_table[256];
+static int crc32c_hw_ok;
+
+static void
+crc32c_init(void)
+{
+    uint32_t i, k, c;
+    for (i = 0; i < 256; i++) {
+        c = i;
+        for (k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+        crc32c_table[i] = c;
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    crc32c_hw_ok = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("sse4.2"))) static uint32_t
+crc32c_hw(uint32_t crc, const uint8_t *p, size_t n)
+{
+    uint64_t c = crc;
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c = __builtin_ia32_crc32di(c, v);
+        p += 8;
+        n -= 8;
+    }
+    crc = (uint32_t)c;
+    while (n--)
+        crc = __builtin_ia32_crc32qi(crc, *p++);
+    return crc;
+}
+#endif
+
+static uint32_t
+crc32c(const uint8_t *p, size_t n)
+{
+    uint32_t crc = 0xFFFFFFFFu;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (crc32c_hw_ok)
+        return crc32c_hw(crc, p, n) ^ 0xFFFFFFFFu;
+#endif
+    while (n--)
+        crc = crc32c_table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return crc ^ 0xFFFFFFFFu;
+}
+
+static inline uint32_t
+be32(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline uint64_t
+be64(const uint8_t *p)
+{
+    return ((uint64_t)be32(p) << 32) | be32(p + 4);
+}
+
+#define BATCH_HEADER 61
+#define BATCH_LENGTH_END 12
+#define BATCH_CRC_START 21
+#define XERIAL_MAGIC "\x82SNAPPY\0"
+#define XERIAL_HEADER 16
+
+PyDoc_STRVAR(produced_doc,
+"check_produced(batch, max_decompressed) -> tuple | None\n\n"
+"The usual small produced batch checked in one call: exactly one v2 batch filling\n"
+"`batch`, its CRC-32C right, neither control nor transactional, uncompressed or one raw\n"
+"snappy block, its records well-formed with offset deltas 0..n-1 (n >= 1).  Returns\n"
+"(attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id,\n"
+"producer_epoch, base_sequence, records_count, partition_leader_epoch, section,\n"
+"first_timestamp_delta, max_timestamp_delta), `section` the decompressed records\n"
+"(None when uncompressed: the batch's bytes after its header).  None for anything else,\n"
+"refused or not: the caller's step-by-step checks then give their answer.");
+
+static PyObject *
+check_produced(PyObject *self, PyObject *args)
+{
+    Py_buffer in;
+    Py_ssize_t max_size;
+    PyObject *section = NULL, *result = NULL;
+    const uint8_t *b, *rec, *rend;
+    int32_t batch_length, records_count, last_offset_delta;
+    int16_t attributes;
+    scan_totals t;
+    scan_stats st = {0, 0, 1};
+    scan_error err = {NULL, 0, 0};
+
+    if (!PyArg_ParseTuple(args, "y*n:check_produced", &in, &max_size))
+        return NULL;
+    b = (const uint8_t *)in.buf;
+    if (in.len < BATCH_HEADER || b[16] != 2)
+        goto none;
+    batch_length = (int32_t)be32(b + 8);
+    if (batch_length < BATCH_HEADER - BATCH_LENGTH_END || BATCH_LENGTH_END + (Py_ssize_t)batch_length != in.len)
+        goto none;
+    records_count = (int32_t)be32(b + 57);
+    last_offset_delta = (int32_t)be32(b + 23);
+    attributes = (int16_t)((b[21] << 8) | b[22]);
+    if (records_count < 1 || last_offset_delta != records_count - 1 || (attributes & 0x30))
+        goto none;
+    if (crc32c(b + BATCH_CRC_START, (size_t)(in.len - BATCH_CRC_START)) != be32(b + 17))
+        goto none;
+    rec = b + BATCH_HEADER;
+    rend = b + in.len;
+    switch (attributes & 0x07) {
+    case 0:
+        break;
+    case 2:
+        if (rend - rec >= XERIAL_HEADER && memcmp(rec, XERIAL_MAGIC, 8) == 0)
+            goto none;  /* snappy-java's framing: the general decompression */
+        section = snappy_block(rec, rend - rec, max_size);
+        if (section == NULL) {
+            PyErr_Clear();
+            goto none;
+        }
+        if (section == Py_None)
+            goto none;
+        rec = (const uint8_t *)PyBytes_AS_STRING(section);
+        rend = rec + PyBytes_GET_SIZE(section);
+        break;
+    default:
+        goto none;
+    }
+    if (records_count > (rend - rec) / 7)
+        goto none;
+    memset(&t, 0, sizeof t);
+    if (scan_records(rec, rend, records_count, &t, NULL, &err, &st) || !st.dense)
+        goto none;
+    result = Py_BuildValue("(iiLLLiiiiOLL)", (int)attributes, (int)last_offset_delta,
+                           (long long)be64(b + 27), (long long)be64(b + 35), (long long)be64(b + 43),
+                           (int)(int16_t)((b[51] << 8) | b[52]), (int)(int32_t)be32(b + 53),
+                           (int)records_count, (int)(int32_t)be32(b + 12),
+                           section ? section : Py_None, (long long)st.first_ts, (long long)st.max_ts);
+    goto done;
+none:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(section);
     PyBuffer_Release(&in);
     return result;
 }
@@ -863,6 +1024,7 @@ static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS, decode_doc},
     {"check_records", check_records, METH_VARARGS, check_doc},
     {"snappy_uncompress", snappy_uncompress, METH_VARARGS, snappy_doc},
+    {"check_produced", check_produced, METH_VARARGS, produced_doc},
     {"encode_records", encode_records, METH_VARARGS, encode_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -884,6 +1046,7 @@ PyInit__records(void)
     Py_DECREF(errors);
     if (CorruptRecordError == NULL || InvalidRecordError == NULL)
         return NULL;
+    crc32c_init();
     m = PyModule_Create(&module);
     return m;
 }

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fluvial.errors import CorruptRecordError, InvalidRecordError
-from fluvial.protocol.compression import Compression, codec_from_id, compress, decompress_buffer
+from fluvial.protocol.compression import (MAX_DECOMPRESSED_BYTES, Compression, codec_from_id, compress,
+                                         decompress_buffer)
 from fluvial.protocol.varint import decode_varint, decode_varlong, encode_varint
 
 try:
@@ -26,6 +27,7 @@ HAS_NATIVE = _native is not None
 # Checking without decoding came later: a compiled module built from an older checkout
 # lacks it, and the pure-Python check stands in until it is rebuilt.
 _native_check = getattr(_native, "check_records", None)
+_native_produced = getattr(_native, "check_produced", None)
 
 Implementation = Literal["native", "python"]
 
@@ -196,6 +198,20 @@ def parse_batch_header(batch: Buffer) -> BatchHeader:
     if header.records_count < 0:
         raise CorruptRecordError(f"record batch declares {header.records_count} records")
     return header
+
+
+def check_produced(batch: Buffer) -> tuple | None:
+    """The usual small produced batch checked in one compiled call (see _records.c):
+    (attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id,
+    producer_epoch, base_sequence, records_count, partition_leader_epoch, section,
+    first_timestamp_delta, max_timestamp_delta) when ``batch`` is exactly one v2 batch
+    that parse_batch_header, verify_crc, records_section and check_records_stats all
+    accept, neither control nor transactional, uncompressed or one raw snappy block, its
+    offset deltas 0..n-1; ``section`` is None when uncompressed. None for anything else
+    (and when the module is not built): the step-by-step functions then decide."""
+    if _native_produced is None:
+        return None
+    return _native_produced(batch, MAX_DECOMPRESSED_BYTES)
 
 
 def verify_crc(batch: Buffer, header: BatchHeader) -> None:

@@ -25,7 +25,7 @@ from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.fetch_response import EncodedResponse
 from fluvial.protocol.messages import ApiKey, response_class
 from fluvial.protocol.produce_response import ProducedPartition, encode_produce_response
-from fluvial.protocol.records import LENGTH_END, parse_batch_header, split_batches, verify_crc
+from fluvial.protocol.records import LENGTH_END, check_produced, parse_batch_header, split_batches, verify_crc
 from fluvial.security.acls import AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
@@ -245,17 +245,23 @@ def produce_one(ctx: RequestContext, request) -> Deferred | None:
             pipeline = _pipelines.get(bucket)
             if pipeline is not None and pipeline.jobs:
                 return None
-        # One batch filling the records field is what split_batches would return as its
-        # only batch; anything else (several, or trailing bytes) goes the general way.
-        batch = records
-        header = parse_batch_header(batch)
-        if LENGTH_END + header.batch_length != len(batch):
-            return None
-        verify_crc(batch, header)
-        if header.is_control or header.attributes & ATTR_TRANSACTIONAL:
-            return None
-        wire = _owned_wire(batch)
-        write, meta = kafka_batches.to_wire_records(memoryview(wire), header)
+        checked = check_produced(records)
+        if checked is not None:
+            # The usual batch: the steps below in one compiled call.
+            wire = _owned_wire(records)
+            write, meta = kafka_batches.checked_wire_records(memoryview(wire), checked)
+        else:
+            # One batch filling the records field is what split_batches would return as its
+            # only batch; anything else (several, or trailing bytes) goes the general way.
+            batch = records
+            header = parse_batch_header(batch)
+            if LENGTH_END + header.batch_length != len(batch):
+                return None
+            verify_crc(batch, header)
+            if header.is_control or header.attributes & ATTR_TRANSACTIONAL:
+                return None
+            wire = _owned_wire(batch)
+            write, meta = kafka_batches.to_wire_records(memoryview(wire), header)
         bucket.tablet.check_online()
         producer_state = broker.extensions.get("producer_state")
         idempotent = producer_state is not None and meta.producer_id >= 0

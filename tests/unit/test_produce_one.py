@@ -5,7 +5,11 @@ must be the same bytes, errors and duplicates included."""
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
+
+import cramjam
+import crc32c
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,6 +22,7 @@ from fluvial.broker.config import BrokerConfig
 from fluvial.broker.handlers import Reply
 from fluvial.broker.handlers.produce import produce_one
 from fluvial.protocol.messages import ApiKey, decode_response, encode_request, request_class
+from fluvial.protocol.records import check_produced
 
 R = request_class(ApiKey.PRODUCE)
 TS = 1_700_000_000_000
@@ -32,6 +37,17 @@ def batch(values: int = 1, producer_id: int = -1, epoch: int = -1, sequence: int
         b.append(i, timestamp=TS + first + i, key=b"k%d" % (first + i) if i % 2 else None,
                  value=b"v" * (10 + first + i), headers=[("h", b"x")] if i % 3 == 0 else [])
     return b.build()
+
+
+def snappy_batch(values: int = 1, producer_id: int = -1, epoch: int = -1, sequence: int = -1) -> bytearray:
+    """A batch whose records are one raw snappy block (as librdkafka and franz-go send them;
+    kafka-python's snappy is snappy-java's framing)."""
+    plain = batch(values, producer_id, epoch, sequence)
+    out = plain[:61] + bytes(cramjam.snappy.compress_raw(bytes(plain[61:])))
+    struct.pack_into(">i", out, 8, len(out) - 12)
+    struct.pack_into(">h", out, 21, 2)  # the snappy codec
+    struct.pack_into(">I", out, 17, crc32c.crc32c(bytes(out[21:])))
+    return out
 
 
 def frame(records, *, version: int = 9, topic: str = "t", index: int = 0, acks: int = -1,
@@ -126,6 +142,9 @@ def test_answers_equal_the_general_path(tmp_path, version):
         for i in range(3):
             await pair.same(frame(batch(1 + i, first=i), version=version, correlation_id=i))
         await pair.same(frame(batch(4, codec=1), version=version, index=1))  # gzip
+        assert check_produced(memoryview(snappy_batch(3))) is not None      # taken by the compiled check
+        await pair.same(frame(snappy_batch(3), version=version, index=1))    # one raw snappy block
+        await pair.same(frame(batch(2, codec=2), version=version, index=1))  # snappy-java's framing
         # an idempotent producer: in order, a retry (the duplicate answer), out of order, fenced
         await pair.same(frame(batch(2, 7, 0, 0), version=version))
         await pair.same(frame(batch(3, 7, 0, 2), version=version))
@@ -173,8 +192,10 @@ def test_damaged_batches_answer_as_before(tmp_path_factory, data):
     byte for byte, whichever check refuses it first; an intact one is taken as before."""
     tmp_path = tmp_path_factory.mktemp("pair")
     pid = data.draw(st.sampled_from([-1, 3]))
-    wires = [batch(data.draw(st.integers(1, 4)), pid, 0 if pid >= 0 else -1, 0 if pid >= 0 else -1,
-                   codec=data.draw(st.sampled_from([0, 1])))]
+    codec = data.draw(st.sampled_from([0, 1, "raw snappy"]))
+    values = data.draw(st.integers(1, 4))
+    epoch = seq = 0 if pid >= 0 else -1
+    wires = [snappy_batch(values, pid, epoch, seq) if codec == "raw snappy" else batch(values, pid, epoch, seq, codec)]
     damaged = bytearray(wires[0])
     for _ in range(data.draw(st.integers(0, 3))):
         damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
