@@ -22,7 +22,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
 
 import crc32c
 
@@ -61,9 +61,12 @@ def in_sequence(last_seq: int, next_seq: int) -> bool:
     return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == INT32_MAX)
 
 
-@dataclass(frozen=True, slots=True)
-class BatchSequence:
-    """Where one producer batch went: its sequence range and offset range."""
+class BatchSequence(NamedTuple):
+    """Where one producer batch went: its sequence range and offset range.
+
+    A named tuple (as `Duplicate`): one is made for every idempotent batch on the event
+    loop, and a tuple is made and read in C, where a frozen dataclass sets each field
+    through ``object.__setattr__``."""
 
     first_seq: int
     last_seq: int
@@ -71,8 +74,7 @@ class BatchSequence:
     last_offset: int
 
 
-@dataclass(frozen=True, slots=True)
-class Duplicate:
+class Duplicate(NamedTuple):
     """A batch already in the log; the answer to its retry is where it was written."""
 
     base_offset: int
@@ -91,7 +93,7 @@ class ProducerEntry:
 
     def find(self, first_seq: int, last_seq: int) -> BatchSequence | None:
         for batch in self.batches:
-            if batch.first_seq == first_seq and batch.last_seq == last_seq:
+            if batch[0] == first_seq and batch[1] == last_seq:  # first_seq, last_seq
                 return batch
         return None
 
@@ -147,8 +149,10 @@ class ProducerStateManager:
         if entry is None or entry.epoch != epoch:
             entry = self.producers[producer_id] = ProducerEntry(epoch)
         entry.batches.append(BatchSequence(base_seq, last_seq, base_offset, last_offset))
-        entry.last_timestamp = max(entry.last_timestamp, timestamp)
-        self.next_offset = max(self.next_offset, last_offset + 1)
+        if timestamp > entry.last_timestamp:
+            entry.last_timestamp = timestamp
+        if last_offset >= self.next_offset:
+            self.next_offset = last_offset + 1
         self.dirty = True
 
     def check_meta(self, meta: BatchMeta) -> Duplicate | None:

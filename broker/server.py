@@ -94,11 +94,14 @@ class Answers:
     one event loop that many small producers saturate.
     """
 
-    __slots__ = ("server", "conn", "queue", "closed", "_room", "_written")
+    __slots__ = ("server", "conn", "queue", "closed", "_room", "_written", "_clock")
 
     def __init__(self, server: "KafkaServer", conn: Connection):
         self.server = server
         self.conn = conn
+        # The loop's clock, looked up once: asyncio.get_running_loop() costs a getpid()
+        # system call, once per answer otherwise.
+        self._clock = asyncio.get_running_loop().time
         # answers and futures of answers, in request order
         self.queue: collections.deque = collections.deque()
         self.closed = False  # gone: answers still completing are dropped
@@ -196,7 +199,7 @@ class Answers:
                     self._flush(chunks, closing)
                     chunks = []
         self._flush(chunks, closing)
-        conn.last_active = asyncio.get_running_loop().time()
+        conn.last_active = self._clock()
         self._wake()
 
     def _flush(self, chunks: list, closing: bool) -> None:
