@@ -276,7 +276,15 @@ class ThreadListener:
         conn.last_active = self._loop.time()
         started = time.perf_counter()
         view = memoryview(frame)
-        coro = server._dispatch(view, conn.peer, started)
+        try:
+            coro = server.dispatch_now(view, conn.peer)
+        except BaseException as exc:  # noqa: BLE001 - as below
+            self._failed(link, view, exc)
+            return
+        if type(coro) is not types.CoroutineType:
+            # Answered in place (produce_one): no coroutine was made.
+            server.answered(link.answers, conn, view, coro, started)
+            return
         try:
             yielded = coro.send(None)
         except StopIteration as done:

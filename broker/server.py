@@ -19,6 +19,7 @@ import functools
 import logging
 import struct
 import time
+import types
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable
@@ -440,6 +441,13 @@ class KafkaServer:
 
     async def _dispatch(self, frame: memoryview, peer: str, started: float, principal: Principal = ANONYMOUS
                         ) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
+        got = self.dispatch_now(frame, peer, principal)
+        return await got if type(got) is types.CoroutineType else got
+
+    def dispatch_now(self, frame: memoryview, peer: str, principal: Principal = ANONYMOUS) -> Any:
+        """The request's answer (a `Reply` or chunks) when `produce_one` gives it: called
+        in place, with no coroutine. Any other request: the coroutine that answers it (as
+        `_dispatch`), for the caller to run. CloseConnection when produce_one fails."""
         common = produce_request.decode_common(frame)
         if common is not None:
             # The request of many small producers (one partition), read in one compiled call.
@@ -452,40 +460,47 @@ class KafkaServer:
             if done is not None:
                 # Its usual shape, answered without the general produce path (see produce_one).
                 return done.awaitable if type(done) is Deferred else done.chunks
-            reg = HANDLERS[ApiKey.PRODUCE]
-        else:
-            try:
-                header = decode_request_header(frame)
-            except FluvialError as exc:
+            return self._handle(header, HANDLERS[ApiKey.PRODUCE], request, peer, principal)
+        return self._decode_and_handle(frame, peer, principal)
+
+    async def _decode_and_handle(self, frame: memoryview, peer: str, principal: Principal
+                                 ) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
+        try:
+            header = decode_request_header(frame)
+        except FluvialError as exc:
+            raise CloseConnection(str(exc)) from None
+        reg = HANDLERS.get(header.api_key)
+        if reg is None:
+            raise CloseConnection(f"unknown API key {header.api_key}")
+        if not reg.min_version <= header.api_version <= reg.max_version:
+            if header.api_key == ApiKey.API_VERSIONS:
+                return encode_api_versions_unsupported(header, supported_versions())
+            raise CloseConnection(
+                f"unsupported version {header.api_version} of API {header.api_key} "
+                f"(supported {reg.min_version}-{reg.max_version})")
+        try:
+            if header.api_key == ApiKey.PRODUCE and produce_request.FIRST_VERSION <= header.api_version \
+                    <= produce_request.LAST_VERSION:
+                # Produce requests of other shapes: decoded by hand too.
+                request = produce_request.decode_produce_request(frame[header.header_size:], header.api_version)
+            else:
+                request = decode_request_body(header, frame)
+        except Exception as exc:  # noqa: BLE001 - a decoder failure is a malformed request
+            if not isinstance(exc, FluvialError):
+                exc = InvalidRequestError(f"malformed request: {type(exc).__name__}: {exc}")
+            # A request that cannot be read: answered with INVALID_REQUEST where the API's
+            # response has a top-level error code, else the connection is closed (Kafka's
+            # answer to a request it cannot parse). Logged without a traceback: the fault
+            # is the client's.
+            reply = error_response(header, ErrorCode.INVALID_REQUEST)
+            if reply is None:
                 raise CloseConnection(str(exc)) from None
-            reg = HANDLERS.get(header.api_key)
-            if reg is None:
-                raise CloseConnection(f"unknown API key {header.api_key}")
-            if not reg.min_version <= header.api_version <= reg.max_version:
-                if header.api_key == ApiKey.API_VERSIONS:
-                    return encode_api_versions_unsupported(header, supported_versions())
-                raise CloseConnection(
-                    f"unsupported version {header.api_version} of API {header.api_key} "
-                    f"(supported {reg.min_version}-{reg.max_version})")
-            try:
-                if header.api_key == ApiKey.PRODUCE and produce_request.FIRST_VERSION <= header.api_version \
-                        <= produce_request.LAST_VERSION:
-                    # Produce requests of other shapes: decoded by hand too.
-                    request = produce_request.decode_produce_request(frame[header.header_size:], header.api_version)
-                else:
-                    request = decode_request_body(header, frame)
-            except Exception as exc:  # noqa: BLE001 - a decoder failure is a malformed request
-                if not isinstance(exc, FluvialError):
-                    exc = InvalidRequestError(f"malformed request: {type(exc).__name__}: {exc}")
-                # A request that cannot be read: answered with INVALID_REQUEST where the API's
-                # response has a top-level error code, else the connection is closed (Kafka's
-                # answer to a request it cannot parse). Logged without a traceback: the fault
-                # is the client's.
-                reply = error_response(header, ErrorCode.INVALID_REQUEST)
-                if reply is None:
-                    raise CloseConnection(str(exc)) from None
-                log.info("invalid request from %s (API %d v%d): %s", peer, header.api_key, header.api_version, exc)
-                return reply
+            log.info("invalid request from %s (API %d v%d): %s", peer, header.api_key, header.api_version, exc)
+            return reply
+        return await self._handle(header, reg, request, peer, principal)
+
+    async def _handle(self, header: RequestHeader, reg, request, peer: str, principal: Principal
+                      ) -> bytes | list[bytes] | Awaitable[bytes | None] | None:
         ctx = RequestContext(self.broker, header, peer, principal)
         try:
             result = await reg.handler(ctx, request)
