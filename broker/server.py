@@ -448,19 +448,21 @@ class KafkaServer:
         """The request's answer (a `Reply` or chunks) when `produce_one` gives it: called
         in place, with no coroutine. Any other request: the coroutine that answers it (as
         `_dispatch`), for the caller to run. CloseConnection when produce_one fails."""
-        common = produce_request.decode_common(frame)
-        if common is not None:
-            # The request of many small producers (one partition), read in one compiled call.
-            header, request = common
+        got = produce_request.read_common(frame)
+        if got is not None:
+            # The request of many small producers (one partition), read in one compiled call;
+            # its body's objects are made only when the general path takes it.
+            header = produce_request.common_header(got)
             try:
-                done = produce_one(RequestContext(self.broker, header, peer, principal), request)
+                done = produce_one(self.broker, header, got[5], got[7], got[8], frame[got[9]:got[9] + got[10]])
             except Exception as exc:
                 log.exception("handler of API %d v%d failed", header.api_key, header.api_version)
                 raise CloseConnection(f"internal error: {exc!r}") from None
             if done is not None:
                 # Its usual shape, answered without the general produce path (see produce_one).
                 return done.awaitable if type(done) is Deferred else done.chunks
-            return self._handle(header, HANDLERS[ApiKey.PRODUCE], request, peer, principal)
+            return self._handle(header, HANDLERS[ApiKey.PRODUCE], produce_request.common_body(frame, got), peer,
+                                principal)
         return self._decode_and_handle(frame, peer, principal)
 
     async def _decode_and_handle(self, frame: memoryview, peer: str, principal: Principal

@@ -145,16 +145,30 @@ def decode_produce_request(body: memoryview, version: int) -> ProduceRequest:
     return ProduceRequest(transactional_id, acks, timeout_ms, topics)
 
 
+def read_common(frame: memoryview) -> tuple | None:
+    """`decode_common` as the compiled reader's values, no object made: (version,
+    correlation_id, client_id, header_size, transactional_id, acks, timeout_ms, topic,
+    partition, records_offset, records_size); None as for decode_common."""
+    return None if _read_one_partition is None else _read_one_partition(frame)
+
+
+def common_header(got: tuple) -> RequestHeader:
+    """The request header of a request `read_common` read."""
+    return RequestHeader(0, got[0], got[1], got[2], got[3])
+
+
+def common_body(frame: memoryview, got: tuple) -> ProduceRequest:
+    """The body of a request `read_common` read (the records a view of the frame)."""
+    _, _, _, _, transactional_id, acks, timeout_ms, topic, index, at, size = got
+    return ProduceRequest(transactional_id, acks, timeout_ms,
+                          [TopicProduceData(topic, [PartitionProduceData(index, frame[at:at + size])])])
+
+
 def decode_common(frame: memoryview) -> tuple[RequestHeader, ProduceRequest] | None:
     """The header and body of a Produce v3-12 request frame with one topic and one partition,
     read in one compiled pass (the records a view of the frame); None for any other request
     or anything unusual in it, which the general decoders then read (and refuse as they do)."""
-    if _read_one_partition is None:
-        return None
-    got = _read_one_partition(frame)
+    got = read_common(frame)
     if got is None:
         return None
-    version, correlation_id, client_id, header_size, transactional_id, acks, timeout_ms, topic, index, at, size = got
-    return (RequestHeader(0, version, correlation_id, client_id, header_size),
-            ProduceRequest(transactional_id, acks, timeout_ms,
-                           [TopicProduceData(topic, [PartitionProduceData(index, frame[at:at + size])])]))
+    return common_header(got), common_body(frame, got)

@@ -210,31 +210,22 @@ async def _admit_transactional(ctx: RequestContext, transactional_id: str | None
     return await part.bucket.table.kind.hold_transactional(ctx.broker, part.bucket, meta, bytes(part.wire))
 
 
-def produce_one(ctx: RequestContext, request) -> Deferred | None:
+def produce_one(broker, header, acks: int, topic: str, index: int, records) -> Deferred | EncodedResponse | None:
     """The request of many small producers, answered without the general path's steps: one
     partition of a raw log table (not compacted, CreateTime), acks=all under flush policy
     ``ack``, a small batch that is neither transactional nor a control batch, no authorizer.
     Every check comes before the one side effect (the append), and anything unusual or
     refused returns None before it, so the general path (`produce`) handles the request from
     the start and gives the same answer it always did. The steps and their order are those
-    of `produce` and `_respond` for this case."""
-    broker = ctx.broker
-    if request.acks != -1 or ctx.header.api_version < 3 or broker.config.flush_policy != "ack" \
+    of `produce` and `_respond` for this case. Takes the fields `read_common` read from a
+    one-topic, one-partition request (its body's objects are made only for the general path)."""
+    if acks != -1 or header.api_version < 3 or broker.config.flush_policy != "ack" \
             or broker.authorizer.enabled:
         return None
-    topic_data = request.topic_data
-    if len(topic_data) != 1:
-        return None
-    t = topic_data[0]
-    if len(t.partition_data) != 1:
-        return None
-    partition = t.partition_data[0]
-    records = partition.records
-    table = broker.tables.tables.get(t.name)
+    table = broker.tables.tables.get(topic)
     if table is None or type(records) is not memoryview or len(records) >= INLINE_CONVERT_BYTES \
             or type(table.kind) is not _LogTable or table.value_format is not kafka_batches.RAW or table.compacted:
         return None
-    index = partition.index
     try:
         table.kind.check_producible(table)
         bucket = table.bucket(index)
@@ -254,14 +245,14 @@ def produce_one(ctx: RequestContext, request) -> Deferred | None:
             # One batch filling the records field is what split_batches would return as its
             # only batch; anything else (several, or trailing bytes) goes the general way.
             batch = records
-            header = parse_batch_header(batch)
-            if LENGTH_END + header.batch_length != len(batch):
+            batch_header = parse_batch_header(batch)
+            if LENGTH_END + batch_header.batch_length != len(batch):
                 return None
-            verify_crc(batch, header)
-            if header.is_control or header.attributes & ATTR_TRANSACTIONAL:
+            verify_crc(batch, batch_header)
+            if batch_header.is_control or batch_header.attributes & ATTR_TRANSACTIONAL:
                 return None
             wire = _owned_wire(batch)
-            write, meta = kafka_batches.to_wire_records(memoryview(wire), header)
+            write, meta = kafka_batches.to_wire_records(memoryview(wire), batch_header)
         bucket.tablet.check_online()
         producer_state = broker.extensions.get("producer_state")
         idempotent = producer_state is not None and meta.producer_id >= 0
@@ -285,15 +276,14 @@ def produce_one(ctx: RequestContext, request) -> Deferred | None:
             # As `_respond`: refused at the append (an offline bucket), answered at once.
             response = _error(index, exc)
             broker.kafka.request_stats.error(ApiKey.PRODUCE, response.error_code)
-            return EncodedResponse([encode_produce_response(ctx.header, [(t.name, [response])])])
+            return EncodedResponse([encode_produce_response(header, [(topic, [response])])])
         if idempotent:
             producers.apply(written, int(time.time() * 1000))  # ProducerStateRegistry.record
         _cache_wire(broker, bucket, written, wire)
         response = ProducedPartition(index, 0, written.base_offset, -1, bucket.log_start_offset)
         offset = written.base_offset + written.record_count
     reply = Reply()
-    group_commit.when_durable(offset, _OnDurable(reply, ctx.header, t.name, response,
-                                                 broker.kafka.request_stats, index))
+    group_commit.when_durable(offset, _OnDurable(reply, header, topic, response, broker.kafka.request_stats, index))
     return Deferred(reply)
 
 
