@@ -1,6 +1,7 @@
 """One log segment: an Arrow IPC stream file with its offset and time indexes, and its recovery."""
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from fluvial.broker.log.segment_format import (
     read_schema_message,
     schema_checksum,
 )
+
+log = logging.getLogger(__name__)
 
 DATA_SUFFIX = ".arrows"
 OFFSET_INDEX_SUFFIX = ".index"
@@ -265,9 +268,7 @@ class LogSegment:
         for index in (self.offset_index, self.time_index):
             # Rewritten only when it changed: replacing a file costs a rename (ext4 writes the
             # new file's blocks out first), and after a clean close nothing changes.
-            if not index.stored():
-                index.write_all()
-            index.write_through = True
+            index.store()
 
     def _add_batch(self, header: BatchHeader) -> None:
         """Account for a batch now in the file: index entries when due, then the visible state."""
@@ -335,14 +336,24 @@ class LogSegment:
         finally:
             os.close(fd)
 
-    def close_for_append(self) -> None:
+    def close_for_append(self, *, write_indexes: bool = True) -> None:
+        """No more appends: the append descriptor is closed and the indexes' newest entries
+        are written out, so a closed segment's index files are whole (tiering uploads them).
+        A failure to write them is logged only: a shorter index is still a valid one."""
         with self._fd_lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            if self._fd is None:
+                return
+            os.close(self._fd)
+            self._fd = None
+        if write_indexes:
+            try:
+                for index in (self.offset_index, self.time_index):
+                    index.write_unwritten()
+            except OSError as exc:
+                log.warning("index of segment %s not completed: %s", self.data_path, exc)
 
     def delete(self) -> None:
-        self.close_for_append()
+        self.close_for_append(write_indexes=False)
         self.deleted = True
         for path in (self.data_path, self.offset_index.path, self.time_index.path):
             path.unlink(missing_ok=True)

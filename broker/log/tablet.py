@@ -553,10 +553,14 @@ class LogTablet:
         # Counted under the write lock, for the metrics (bytes and records in).
         self.appended_records += count
         self.appended_bytes += encoded.size
-        for part in parts or (filled,):
-            latest = self.leader_epochs.latest_epoch
-            if part.partition_leader_epoch >= 0 and (latest is None or part.partition_leader_epoch > latest):
-                self.leader_epochs.assign(part.partition_leader_epoch, part.base_offset)
+        # A new leader epoch is rare: looked for part by part only when the message holds one.
+        latest = self.leader_epochs.latest_epoch
+        top = max([p.partition_leader_epoch for p in parts]) if parts else filled.partition_leader_epoch
+        if top >= 0 and (latest is None or top > latest):
+            for part in parts or (filled,):
+                latest = self.leader_epochs.latest_epoch
+                if part.partition_leader_epoch >= 0 and (latest is None or part.partition_leader_epoch > latest):
+                    self.leader_epochs.assign(part.partition_leader_epoch, part.base_offset)
 
     def _stamp(
         self, records: pa.RecordBatch, meta: BatchMeta, base: int, now_ms: int | None, leader_epoch: int | None

@@ -359,3 +359,55 @@ def test_only_batches_past_the_recovery_point_are_checked(tmp_path, monkeypatch)
     for x, y in ((a.offset_index, b.offset_index), (a.time_index, b.time_index)):
         assert np.array_equal(x.keys(), y.keys()) and np.array_equal(x.values(), y.values())
         assert x.path.read_bytes() == y.path.read_bytes()
+
+
+def test_index_entries_are_written_in_groups_and_whole_once_a_segment_closes(tmp_path):
+    """Index entries reach their files WRITE_EVERY at a time; a rolled segment's and a
+    closed tablet's index files hold every entry; after a crash (the files as they were,
+    without a close) the next open serves every row and rebuilds the same indexes."""
+    from fluvial.broker.log.index import ENTRY_DTYPE, WRITE_EVERY, SparseIndex
+
+    directory = tmp_path / "log"
+    tablet = open_tablet(directory, index_interval_bytes=1, segment_bytes=64 * 1024, flush_policy=FlushPolicy.ACK)
+
+    def on_disk(segment) -> tuple[int, int]:
+        return (len(SparseIndex.read_entries(segment.offset_index.path)),
+                len(SparseIndex.read_entries(segment.time_index.path)))
+
+    for i in range(WRITE_EVERY - 1):  # an entry for every batch
+        tablet.append(records(2, value_size=40, tag=i), meta(producer_id=i))
+    [active] = tablet._view.segments
+    assert len(active.offset_index) == WRITE_EVERY - 1 and on_disk(active) == (0, 0)
+    tablet.append(records(2, value_size=40, tag=99), meta(producer_id=99))
+    assert on_disk(active) == (WRITE_EVERY, WRITE_EVERY)
+    i = 100
+    while len(tablet._view.segments) < 3:
+        tablet.append(records(2, value_size=400, tag=i), meta(producer_id=i))
+        i += 1
+    for closed in tablet._view.segments[:-1]:
+        stored = SparseIndex.read_entries(closed.offset_index.path)
+        assert len(stored) == len(closed.offset_index)
+        assert np.array_equal(stored["key"], closed.offset_index.keys())
+        assert np.array_equal(SparseIndex.read_entries(closed.time_index.path)["key"], closed.time_index.keys())
+    tablet.flush()
+    active = tablet._view.segments[-1]
+    assert on_disk(active)[0] < len(active.offset_index)  # the newest entries are in memory only
+
+    crashed = tmp_path / "crashed"
+    shutil.copytree(directory, crashed)  # what a kill -9 leaves (the page cache survives it)
+    reference = all_rows(tablet)
+    tablet.close()
+    closed_active = SparseIndex.read_entries(active.offset_index.path)
+    assert np.array_equal(closed_active["key"], active.offset_index.keys())
+
+    reopened = open_tablet(crashed, index_interval_bytes=1, segment_bytes=64 * 1024)
+    assert all_rows(reopened).equals(reference)
+    for a, b in zip(reopened._view.segments, tablet._view.segments):
+        for x, y in ((a.offset_index, b.offset_index), (a.time_index, b.time_index)):
+            assert np.array_equal(x.keys(), y.keys()) and np.array_equal(x.values(), y.values())
+    # Appends after the reopen go on from the entries the file holds.
+    reopened.append(records(2, value_size=40, tag=7), meta(producer_id=7))
+    reopened.close()
+    last = reopened._view.segments[-1]
+    stored = np.frombuffer(last.offset_index.path.read_bytes(), ENTRY_DTYPE)
+    assert np.array_equal(stored["key"], last.offset_index.keys())
