@@ -137,6 +137,11 @@ def to_arrow(batch: memoryview, header: BatchHeader, *, log_append_time_ms: int 
 
 
 
+# The `_change` column of appended rows (all CHANGE_APPEND, 0), sliced rather than built
+# for every flush.
+_NO_CHANGES = pa.array(np.zeros(1024, np.int8))
+
+
 class WireRecords:
     """The records of a small produced batch of a raw table, checked but not converted yet.
 
@@ -167,11 +172,14 @@ class WireRecords:
         else:
             counts = [i.num_rows for i in items]
             total = sum(counts)
-            cols = decode_records_section(b"".join(i.section for i in items), total)
-            bases = np.repeat(np.array([i.base_timestamp for i in items], np.int64), counts)
+            cols = decode_records_section(b"".join([i.section for i in items]), total)
+            bases = np.array([i.base_timestamp for i in items], np.int64)
+            if total != len(items):  # not one record per batch (many small producers)
+                bases = np.repeat(bases, counts)
             ts = np.add(cols.timestamp_delta, bases, dtype=np.int64)
-        arrays = [_int_array(TIMESTAMP_TYPE, ts), _int_array(pa.int8(), np.zeros(total, np.int8)),
-                  cols.keys, cols.headers, cols.values]
+        change = _NO_CHANGES.slice(0, total) if total <= len(_NO_CHANGES) else _int_array(
+            pa.int8(), np.zeros(total, np.int8))
+        arrays = [_int_array(TIMESTAMP_TYPE, ts), change, cols.keys, cols.headers, cols.values]
         return pa.RecordBatch.from_arrays(arrays, schema=_RAW_SCHEMA)
 
 

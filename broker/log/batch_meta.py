@@ -145,9 +145,11 @@ def envelope(parts: "list[BatchMeta] | tuple[BatchMeta, ...]") -> BatchMeta:
     """The BatchMeta of a message holding several Kafka batches: their offsets, timestamps
     and leader epoch, and no producer or attributes of its own (each part keeps its own)."""
     first, last = parts[0], parts[-1]
-    return BatchMeta(first.base_offset, last.next_offset - 1 - first.base_offset,
-                     sum(m.record_count for m in parts), first.base_timestamp,
-                     max(m.max_timestamp for m in parts), partition_leader_epoch=last.partition_leader_epoch,
+    # List comprehensions rather than generators: a flush under many small producers builds
+    # one envelope of tens of parts.
+    return BatchMeta(first.base_offset, last.base_offset + last.last_offset_delta - first.base_offset,
+                     sum([m.record_count for m in parts]), first.base_timestamp,
+                     max([m.max_timestamp for m in parts]), partition_leader_epoch=last.partition_leader_epoch,
                      schema_id=first.schema_id)
 
 

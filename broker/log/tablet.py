@@ -521,7 +521,12 @@ class LogTablet:
             offsets = pa.Array.from_buffers(pa.int64(), count,
                                             [None, pa.py_buffer(np.arange(base, base + count, dtype=np.int64))])
             batch = records.add_column(0, OFFSET_FIELD, offsets)
-            if not batch.schema.equals(stored_schema, check_metadata=True):
+            # The stored schema is the cached input schema with _offset first: a batch of that
+            # very schema object gets it by construction (compared, the new schema's metadata
+            # fingerprint was computed for every message).
+            cached = self._schema_cache
+            if not ((cached is not None and records.schema is cached[0])
+                    or batch.schema.equals(stored_schema, check_metadata=True)):
                 batch = pa.RecordBatch.from_arrays([offsets, *records.columns], schema=stored_schema)
             encoded = encode_batch(batch, filled, stats, schema=stored_schema, compression=self._compression(opaque),
                                    parts=encode_parts(parts) if parts else b"")
