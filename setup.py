@@ -35,6 +35,12 @@ setup(
             optional=True,  # broker/log/statistics.py reduces NumPy views then
         ),
         Extension(
+            "fluvial.broker.log._meta_text",
+            ["broker/log/_meta_text.c"],
+            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,  # broker/log/batch_meta.py formats in Python then
+        ),
+        Extension(
             "fluvial.broker._netio",
             ["broker/_netio.c"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",

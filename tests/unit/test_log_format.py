@@ -270,3 +270,56 @@ def test_a_column_named_like_the_checksum_placeholder_is_stored_and_checked():
         assert checksum_matches(memoryview(data), header, schema_checksum(encoded.schema_message))
         assert _CRC_PLACEHOLDER in encoded.header  # the column's name in the statistics
         assert read_batch(pa.py_buffer(data), header, batch.schema).equals(batch)
+
+
+_INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
+_METAS = st.lists(st.builds(
+    BatchMeta, _INT64, _INT64, _INT64, _INT64, _INT64, _INT64, _INT64, _INT64, _INT64, _INT64, _INT64,
+    st.one_of(st.just(-1), _INT64), st.one_of(st.just(-1), _INT64)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_METAS)
+def test_compiled_parts_text_is_the_python_text_and_decodes_back(metas):
+    from fluvial.broker.log import batch_meta
+
+    assert batch_meta._native is not None, "the compiled BatchMeta text encoder is not built"
+    text = batch_meta._native.encode_parts(metas)
+    assert text == batch_meta.encode_parts_py(metas)
+    assert batch_meta.encode_parts(tuple(metas)) == text
+    if metas:
+        assert batch_meta.decode_parts(text) == tuple(metas)
+
+
+def test_parts_text_of_fields_beyond_int64_falls_back_to_python():
+    from fluvial.broker.log import batch_meta
+
+    metas = [BatchMeta(1, 0, 1, 5, 5), BatchMeta(2, 0, 1, 1 << 64, 5)]
+    assert batch_meta.encode_parts(metas) == batch_meta.encode_parts_py(metas) == (
+        b"1;1;0;1;5;5;-1;-1;-1;0;0;-1\n1;2;0;1;%d;5;-1;-1;-1;0;0;-1" % (1 << 64))
+
+
+def test_parts_text_of_objects_that_are_not_batch_metas_is_read_by_name():
+    import dataclasses
+
+    from fluvial.broker.log import batch_meta
+
+    @dataclasses.dataclass
+    class Lookalike:  # another class: its fields are looked up by name
+        base_offset: int = 7
+        last_offset_delta: int = 1
+        record_count: int = 2
+        base_timestamp: int = 3
+        max_timestamp: int = 4
+        producer_id: int = 5
+        producer_epoch: int = 6
+        base_sequence: int = 8
+        attributes: int = 0
+        partition_leader_epoch: int = 9
+        schema_id: int = -1
+        producer_record_count: int = 3
+        delete_horizon_ms: int = -1
+
+    metas = [BatchMeta(1, 0, 1, 5, 5), Lookalike()]
+    assert batch_meta._native.encode_parts(metas) == (
+        b"1;1;0;1;5;5;-1;-1;-1;0;0;-1\n1;7;1;2;3;4;5;6;8;0;9;-1;3")
