@@ -85,7 +85,9 @@ class _Writer:
         return self
 
     def write(self, data: Any) -> None:
-        self.link.send(data)
+        link = self.link  # `_Link.send` written out: called for every answer
+        if not (link.closing and link.close_sent):
+            link.listener.queue_output(link.cid, data)
 
     def writelines(self, chunks: list) -> None:
         self.link.send(chunks)

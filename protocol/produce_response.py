@@ -109,6 +109,12 @@ def _encode_one_partition(version: int, correlation_id: int, topic: str, p: Prod
                        p.log_append_time_ms, tail)
 
 
+def encode_accepted(header: RequestHeader, topic: str, p: ProducedPartition) -> bytes:
+    """`encode_produce_response` of one topic's one partition accepted (no error code,
+    record errors or message: asserted by the caller), at a Produce v3-12 request's version."""
+    return _encode_one_partition(header.api_version, header.correlation_id, topic, p)
+
+
 def encode_produce_response(header: RequestHeader, topics: list[tuple[str, list[ProducedPartition]]],
                             throttle_time_ms: int = 0) -> bytes:
     """The framed response (size, correlation id, header tags, body) for the request `header`."""

@@ -65,7 +65,12 @@ class Reply:
         self.on_done: Callable[["Reply"], None] | None = None
 
     def set_result(self, result: Any) -> None:
-        self._finish(result, None)
+        # `_finish` written out: one call less for each acknowledgement.
+        if not self.finished:
+            self.finished = True
+            self.result = result
+            if self.on_done is not None:
+                self.on_done(self)
 
     def set_failure(self, failure: BaseException) -> None:
         self._finish(None, failure)

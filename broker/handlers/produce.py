@@ -24,7 +24,7 @@ from fluvial.errors import FluvialError, InvalidRecordError, MessageTooLargeErro
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.fetch_response import EncodedResponse
 from fluvial.protocol.messages import ApiKey, response_class
-from fluvial.protocol.produce_response import ProducedPartition, encode_produce_response
+from fluvial.protocol.produce_response import ProducedPartition, encode_accepted, encode_produce_response
 from fluvial.protocol.records import LENGTH_END, check_produced, parse_batch_header, split_batches, verify_crc
 from fluvial.security.acls import AclOperation, ResourceType
 
@@ -300,6 +300,10 @@ class _OnDurable:
     def __call__(self, failure: BaseException | None) -> None:
         reply = self.reply
         if reply.finished:
+            return
+        if failure is None:
+            # Durable: the answer is an acceptance (an error answers at once, never here).
+            reply.set_result(encode_accepted(self.header, self.topic, self.response))
             return
         if isinstance(failure, asyncio.CancelledError):
             reply.set_failure(failure)
