@@ -9,7 +9,10 @@ send. Saves the inclusive share of each function over those samples with the loa
 `benchmarks/.cache/`. Also the broker's CPU time per record (user + system, from /proc) of
 its event-loop thread and of its other threads together; with `--sample-s 0` py-spy does not
 run (it slows the broker) and only that accounting is saved, to
-`results/typed-produce-cpu-<size>.json`.
+`results/typed-produce-cpu-<size>.json`. Also the broker's CPU per record by thread role
+(the event loop, each thread pool, the threads Python does not know, such as Arrow's),
+from one `py-spy dump` naming the threads, and this process's own CPU per record while
+producing (the client's).
 
     python -m benchmarks.profile_typed_produce [--size 200|1000] [--records 400000] [--sample-s 0]
 """
@@ -81,6 +84,35 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     return out
 
 
+def thread_cpu_by_tid(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) so far of each thread of a process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+_THREAD_LINE = re.compile(r'^Thread (\d+) \([^)]*\): "([^"]*)"', re.M)
+
+
+def thread_roles(pid: int) -> dict[int, str]:
+    """The Python threads of a process by OS thread id, named by their role (the thread
+    name without its pool index: `fluvial-cpu`, `fluvial-io`, ...; the main thread is the
+    event loop), from one `py-spy dump`; {} when py-spy is not there."""
+    try:
+        dump = subprocess.run(["py-spy", "dump", "--pid", str(pid), "--nonblocking"], capture_output=True,
+                              text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {int(tid): "event_loop" if int(tid) == pid else re.sub(r"[_-]?\d+$", "", name)
+            for tid, name in _THREAD_LINE.findall(dump)}
+
+
 def key_steps(top_inclusive_pct: dict[str, float]) -> dict[str, float]:
     """Inclusive % of the GIL-holding samples for each step of KEY_STEPS."""
     return {step: top_inclusive_pct.get(name, 0.0) for step, name in KEY_STEPS.items()}
@@ -115,9 +147,10 @@ def main() -> None:
         sampler = threading.Thread(target=sample)
         if args.sample_s > 0:
             sampler.start()
-        cpu_before = thread_cpu_s(broker.pid)
+        cpu_before, by_tid_before, client_before = thread_cpu_s(broker.pid), thread_cpu_by_tid(broker.pid), os.times()
         figures = produce_values(broker.bootstrap, topic, values, 300).figures()
-        cpu_after = thread_cpu_s(broker.pid)
+        cpu_after, by_tid_after, client_after = thread_cpu_s(broker.pid), thread_cpu_by_tid(broker.pid), os.times()
+        roles = thread_roles(broker.pid)
         if args.sample_s > 0:
             sampler.join()
     finally:
@@ -126,6 +159,14 @@ def main() -> None:
     # Broker CPU per record by thread (sampling included when py-spy ran).
     faults = cpu_before.pop("minor_faults"), cpu_after.pop("minor_faults")
     cpu_us = {k: round(1e6 * (cpu_after[k] - cpu_before[k]) / args.records, 3) for k in cpu_before}
+    by_role: dict[str, float] = collections.defaultdict(float)
+    for tid, seconds in by_tid_after.items():
+        by_role[roles.get(tid, "native threads")] += seconds - by_tid_before.get(tid, 0.0)
+    cpu_us_by_role = {role: round(1e6 * seconds / args.records, 3) for role, seconds in sorted(by_role.items())}
+    # This process's CPU while producing: the client (librdkafka's threads and the Python
+    # loop that hands it the values).
+    client_us = round(1e6 * ((client_after.user - client_before.user) + (client_after.system - client_before.system))
+                      / args.records, 3)
     faults_per_1000 = round(1000 * (faults[1] - faults[0]) / args.records, 2)
     total, shares = busy_shares(raw_path.read_text()) if args.sample_s > 0 else (0, {})
     top = sorted(shares.items(), key=lambda kv: -kv[1])[:45]
@@ -134,6 +175,7 @@ def main() -> None:
         "settings": {"size": args.size, "records": args.records, "flush_policy": args.flush_policy,
                      "sample_s": args.sample_s, "mean_value_bytes": round(data.mean_size, 1)},
         "produce": figures, "broker_cpu_us_per_record": cpu_us,
+        "broker_cpu_us_per_record_by_thread": cpu_us_by_role, "client_cpu_us_per_record": client_us,
         "broker_minor_faults_per_1000_records": faults_per_1000, "busy_samples": total,
         "top_inclusive_pct": {name: round(100 * share, 1) for name, share in top},
         "steps_pct": key_steps({name: round(100 * share, 1) for name, share in shares.items()}),
@@ -143,6 +185,7 @@ def main() -> None:
         out = out.with_name(f"typed-produce-cpu-{args.size}.json")
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result["top_inclusive_pct"], indent=1))
+    print(f"broker CPU us per record by thread: {cpu_us_by_role}, client: {client_us}")
     print(f"{figures}\nbroker CPU us per record: {cpu_us}, minor faults per 1000 records: {faults_per_1000}\nsaved {out}")
 
 
