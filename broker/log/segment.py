@@ -61,10 +61,12 @@ class SegmentState:
     batch_count: int
 
 
-def pwrite_parts(fd: int, parts: list, position: int) -> int:
+def pwrite_parts(fd: int, parts: list, position: int, total: int | None = None) -> int:
     """Write ``parts`` one after another at ``position`` with one gather write (pwritev);
-    returns the bytes written. A short write (only for huge batches) is finished plainly."""
-    total = sum(memoryview(p).nbytes for p in parts)
+    returns the bytes written. A short write (only for huge batches) is finished plainly.
+    ``total``: their size when the caller knows it (else it is summed here)."""
+    if total is None:
+        total = sum([memoryview(p).nbytes for p in parts])
     written = os.pwritev(fd, parts, position)
     if written < total:
         rest = memoryview(b"".join(bytes(memoryview(p)) for p in parts))[written:]
@@ -296,14 +298,16 @@ class LogSegment:
         assert self._fd is not None, "append to a segment that is not open for writing"
         position = self.state.size
         parts: list = [encoded.header, *encoded.body_parts]
+        total = encoded.size
         if self.state.batch_count == 0:
             self.schema_message = encoded.schema_message
             self.schema_crc = schema_checksum(encoded.schema_message)
             self.schema = None  # parsed on first read
             parts.insert(0, encoded.schema_message)
+            total += len(encoded.schema_message)
             position = 0
         start = position
-        pwrite_parts(self._fd, parts, position)
+        pwrite_parts(self._fd, parts, position, total)
         batch_position = start + (len(encoded.schema_message) if start == 0 else 0)
         header = BatchHeader(batch_position, len(encoded.header), encoded.body_size, meta, -1, -1, encoded.stats,
                              encoded.compressed, kafka_parts, encoded.delta)

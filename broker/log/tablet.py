@@ -521,11 +521,13 @@ class LogTablet:
             offsets = pa.Array.from_buffers(pa.int64(), count,
                                             [None, pa.py_buffer(np.arange(base, base + count, dtype=np.int64))])
             batch = records.add_column(0, OFFSET_FIELD, offsets)
-            # The stored schema is the cached input schema with _offset first: a batch of that
-            # very schema object gets it by construction (compared, the new schema's metadata
-            # fingerprint was computed for every message).
+            # The stored schema is the cached input schema with _offset first, so a batch of
+            # that schema gets it by construction. Compared with the input schema, which is
+            # one pointer comparison when the batch was built on it (converted Kafka
+            # records), rather than with the new schema add_column made, whose metadata
+            # fingerprint was computed for every message.
             cached = self._schema_cache
-            if not ((cached is not None and records.schema is cached[0])
+            if not ((cached is not None and records.schema.equals(cached[0], check_metadata=True))
                     or batch.schema.equals(stored_schema, check_metadata=True)):
                 batch = pa.RecordBatch.from_arrays([offsets, *records.columns], schema=stored_schema)
             encoded = encode_batch(batch, filled, stats, schema=stored_schema, compression=self._compression(opaque),
