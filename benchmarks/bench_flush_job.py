@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline", default=None, help="git revision to alternate with")
     parser.add_argument("--dir", default=tempfile.gettempdir())
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "flush-job.json")
     args = parser.parse_args()
     variants = {"current": ""}  # this checkout, as installed
     if args.baseline:
@@ -90,12 +91,19 @@ def main() -> None:
         for name, path in variants.items():
             load = os.getloadavg()[0]
             us = run(path, args)
+            us["loadavg_before"] = load
             figures[name].append(us)
             print(f"round {r + 1} {name:9s} write {us['write_us']:6.1f} us, flush {us['flush_us']:6.1f} us CPU "
                   f"per flush job  (load {load:.2f})", flush=True)
+    medians = {}
     for name, values in figures.items():
-        print(f"{name:9s} median write {statistics.median(v['write_us'] for v in values):6.1f} us, "
-              f"flush {statistics.median(v['flush_us'] for v in values):6.1f} us CPU per flush job")
+        medians[name] = {key: round(statistics.median(v[key] for v in values), 1) for key in ("write_us", "flush_us")}
+        print(f"{name:9s} median write {medians[name]['write_us']:6.1f} us, "
+              f"flush {medians[name]['flush_us']:6.1f} us CPU per flush job")
+    from benchmarks import machine
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    args.out.write_text(json.dumps({"workload": "flush-job", "machine": machine.describe(), "settings": settings,
+                                    "figures": figures, "medians": medians}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
