@@ -59,6 +59,7 @@ class _Part:
     header: object = None
     converted: object = None  # (records, meta) | FluvialError
     written: object = None  # BatchMeta, when appended on the executor that converted it
+    handed_back: bool = False  # `written` handed to the table's kind on the loop (`_hand_back`)
 
 
 def _error(index: int, exc: FluvialError | ErrorCode, message: str | None = None) -> ProducedPartition:
@@ -145,9 +146,33 @@ def _append_converted(part: _Part) -> None:
         part.converted = exc
 
 
-def _convert_and_append(part: _Part, log_append_time: int | None) -> None:
-    _convert(part, log_append_time)
+def _hand_back(broker, part: _Part) -> None:
+    """On the loop: what follows an append made on the executor (`appended_in_thread`: the
+    flush requested or readers woken, the wire cache), once per part."""
+    if part.handed_back:
+        return
+    part.handed_back = True
+    part.bucket.table.kind.appended_in_thread(broker, part.bucket, part.written, wire=part.wire)
+
+
+def _append_and_hand_back(broker, loop: asyncio.AbstractEventLoop, part: _Part) -> None:
+    """Append on this (executor) thread, then ask the loop for `_hand_back` at once: the
+    bucket's flush starts with the loop's next pass, not after the job's future has reached
+    the request's coroutine (several passes later, each behind the frames and callbacks due
+    meanwhile), which under flush policy ``ack`` is time every acknowledgement waits. The
+    callback comes before the job's completion in the loop's queue, so appends of a bucket
+    are handed back in their order; `_respond` hands back a part the callback did not."""
     _append_converted(part)
+    if part.written is not None:
+        try:
+            loop.call_soon_threadsafe(_hand_back, broker, part)
+        except RuntimeError:
+            pass  # the loop is closing: `_respond` is not reached either
+
+
+def _convert_and_append(broker, loop: asyncio.AbstractEventLoop, part: _Part, log_append_time: int | None) -> None:
+    _convert(part, log_append_time)
+    _append_and_hand_back(broker, loop, part)
 
 
 class _Pipeline:
@@ -185,12 +210,13 @@ class _Pipeline:
 _pipelines: "weakref.WeakKeyDictionary[object, _Pipeline]" = weakref.WeakKeyDictionary()
 
 
-def _append_after(part: _Part, log_append_time: int | None, before: concurrent.futures.Future | None) -> None:
+def _append_after(broker, loop: asyncio.AbstractEventLoop, part: _Part, log_append_time: int | None,
+                  before: concurrent.futures.Future | None) -> None:
     """Convert (in parallel with the bucket's previous job), then append after it."""
     _convert(part, log_append_time)
     if before is not None:
         concurrent.futures.wait((before,))
-    _append_converted(part)
+    _append_and_hand_back(broker, loop, part)
 
 
 async def _admit_transactional(ctx: RequestContext, transactional_id: str | None, part: _Part, meta) -> bool:
@@ -364,7 +390,7 @@ async def produce(ctx: RequestContext, request):
             if pipeline is None:
                 pipeline = _pipelines[p.bucket] = _Pipeline()
             await pipeline.settle(PIPELINE_DEPTH)
-            job = broker.cpu_executor.submit(_append_after, p, lat.get(p.topic), pipeline.tail)
+            job = broker.cpu_executor.submit(_append_after, broker, loop, p, lat.get(p.topic), pipeline.tail)
             waiter = asyncio.wrap_future(job)
             pipeline.jobs.append((job, waiter))
             pipeline.tail = job
@@ -375,9 +401,9 @@ async def produce(ctx: RequestContext, request):
             pipeline = _pipelines.get(p.bucket)
             if pipeline is not None and pipeline.jobs:
                 await pipeline.settle(0)  # appended after the pipelined requests before it
-    pending = [loop.run_in_executor(
-        broker.cpu_executor, _convert_and_append if _appends_off_loop(p, lat.get(p.topic), coalesced) else _convert,
-        p, lat.get(p.topic)) for p in big]
+    pending = [loop.run_in_executor(broker.cpu_executor, _convert_and_append, broker, loop, p, lat.get(p.topic))
+               if _appends_off_loop(p, lat.get(p.topic), coalesced) else
+               loop.run_in_executor(broker.cpu_executor, _convert, p, lat.get(p.topic)) for p in big]
     for p in small:
         _convert(p, lat.get(p.topic), coalesced)
     if pending:
@@ -429,7 +455,7 @@ async def _respond(ctx: RequestContext, request, parts: list[_Part], todo: list[
         records, meta = p.converted
         bucket = p.bucket
         if p.written is not None:
-            bucket.table.kind.appended_in_thread(broker, bucket, p.written, wire=p.wire)
+            _hand_back(broker, p)
             _accepted(p, p.written, lat, durable_waits)
             continue
         try:
