@@ -327,16 +327,22 @@ class _OnDurable:
         reply = self.reply
         if reply.finished:
             return
-        if failure is None:
-            # Durable: the answer is an acceptance (an error answers at once, never here).
-            reply.set_result(encode_accepted(self.header, self.topic, self.response))
+        try:
+            if failure is None:
+                # Durable: the answer is an acceptance (an error answers at once, never here).
+                answer = encode_accepted(self.header, self.topic, self.response)
+            elif isinstance(failure, asyncio.CancelledError):
+                reply.set_failure(failure)
+                return
+            else:
+                _refuse_unflushed(self.response, self.topic, self.index, failure, self.stats)
+                answer = encode_produce_response(self.header, [(self.topic, [self.response])])
+        except Exception as exc:  # noqa: BLE001 - an answer that cannot be made closes its connection
+            # Left unfinished, the reply would hold back every later answer of the connection
+            # until its client timed out; failed, the connection is closed (and logged).
+            reply.set_failure(exc)
             return
-        if isinstance(failure, asyncio.CancelledError):
-            reply.set_failure(failure)
-            return
-        if failure is not None:
-            _refuse_unflushed(self.response, self.topic, self.index, failure, self.stats)
-        reply.set_result(encode_produce_response(self.header, [(self.topic, [self.response])]))
+        reply.set_result(answer)
 
 
 @handles(ApiKey.PRODUCE, 0, 12)

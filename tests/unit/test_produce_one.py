@@ -230,3 +230,25 @@ def test_a_failed_fsync_is_answered_with_the_storage_error_never_an_ack(tmp_path
         await pair.same(frame(batch(1)))
 
     run(tmp_path, steps)
+
+
+def test_an_answer_that_cannot_be_made_fails_its_reply_instead_of_holding_the_connection(tmp_path, monkeypatch):
+    """Encoding the acceptance of durable records raises: the reply fails (its connection is
+    then closed and logged) rather than staying unfinished, which would hold back every
+    later answer of the connection until the client timed out. The records stay durable."""
+    from fluvial.broker.handlers import produce as produce_module
+
+    def broken(*args):
+        raise RuntimeError("cannot encode")
+
+    async def main() -> None:
+        async with Pair(tmp_path) as pair:
+            monkeypatch.setattr(produce_module, "encode_accepted", broken)
+            taken = pair.taken
+            with pytest.raises(RuntimeError, match="cannot encode"):
+                await asyncio.wait_for(pair._answer(pair.fast, frame(batch(3)), True), 10)
+            assert pair.taken == taken + 1
+            tablet = pair.fast.tables.get("t").bucket(0).tablet
+            assert tablet.flushed_offset == tablet.log_end_offset == 3
+
+    asyncio.run(main())
