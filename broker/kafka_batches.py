@@ -14,9 +14,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fluvial.broker.log import BatchMeta, StoredBatch
+from fluvial.broker.log.batch_meta import ATTR_TRANSACTIONAL
 from fluvial.errors import InvalidRecordError
-from fluvial.protocol.records import (HEADER_SIZE, BatchHeader, Compression, RecordColumns, build_batch,
-                                     check_records_stats, decode_records, decode_records_section, records_section)
+from fluvial.protocol.records import (HEADER_SIZE, LENGTH_END, BatchHeader, Compression, RecordColumns, build_batch,
+                                     check_records_stats, decode_records, decode_records_section, parse_batch_header,
+                                     records_section, verify_crc)
 
 TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
 HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())]))
@@ -205,6 +207,20 @@ def to_wire_records(batch: memoryview, header: BatchHeader) -> tuple[WireRecords
     # The section is a view of the request's bytes, which stay unchanged (only the batch
     # header's base offset and leader epoch are set later, outside the section).
     return WireRecords(records, n, header.base_timestamp, first, max_ts), meta
+
+
+def lone_batch_header(records) -> BatchHeader | None:
+    """The header of a records field holding exactly one batch, its CRC verified, that is
+    neither a control nor a transactional batch (what `split_batches` would return as its
+    only batch); None for anything else. Damage raises as `parse_batch_header` and
+    `verify_crc` do. The step-by-step form of `records.check_produced`."""
+    header = parse_batch_header(records)
+    if LENGTH_END + header.batch_length != len(records):
+        return None
+    verify_crc(records, header)
+    if header.is_control or header.attributes & ATTR_TRANSACTIONAL:
+        return None
+    return header
 
 
 def checked_wire_records(wire: memoryview, checked: tuple) -> tuple[WireRecords, BatchMeta]:

@@ -25,7 +25,7 @@ from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.fetch_response import EncodedResponse
 from fluvial.protocol.messages import ApiKey, response_class
 from fluvial.protocol.produce_response import ProducedPartition, encode_accepted, encode_produce_response
-from fluvial.protocol.records import LENGTH_END, check_produced, parse_batch_header, split_batches, verify_crc
+from fluvial.protocol.records import check_produced, parse_batch_header, split_batches, verify_crc
 from fluvial.security.acls import AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
@@ -268,16 +268,12 @@ def produce_one(broker, header, acks: int, topic: str, index: int, records) -> D
             wire = _owned_wire(records)
             write, meta = kafka_batches.checked_wire_records(memoryview(wire), checked)
         else:
-            # One batch filling the records field is what split_batches would return as its
-            # only batch; anything else (several, or trailing bytes) goes the general way.
-            batch = records
-            batch_header = parse_batch_header(batch)
-            if LENGTH_END + batch_header.batch_length != len(batch):
+            # Anything else than one plain batch (several, trailing bytes, control or
+            # transactional) goes the general way.
+            batch_header = kafka_batches.lone_batch_header(records)
+            if batch_header is None:
                 return None
-            verify_crc(batch, batch_header)
-            if batch_header.is_control or batch_header.attributes & ATTR_TRANSACTIONAL:
-                return None
-            wire = _owned_wire(batch)
+            wire = _owned_wire(records)
             write, meta = kafka_batches.to_wire_records(memoryview(wire), batch_header)
         bucket.tablet.check_online()
         producer_state = broker.extensions.get("producer_state")
