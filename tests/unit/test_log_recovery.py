@@ -411,3 +411,30 @@ def test_index_entries_are_written_in_groups_and_whole_once_a_segment_closes(tmp
     last = reopened._view.segments[-1]
     stored = np.frombuffer(last.offset_index.path.read_bytes(), ENTRY_DTYPE)
     assert np.array_equal(stored["key"], last.offset_index.keys())
+
+
+def test_an_index_that_cannot_be_completed_at_close_is_logged_and_rebuilt_on_open(tmp_path, caplog):
+    """Writing a segment's last index entries fails when the tablet closes: the close goes
+    on (a shorter index is still a valid one), the failure is logged, and the next open
+    serves every row with the index rebuilt from the segment."""
+    import logging
+
+    directory = tmp_path / "log"
+    tablet = open_tablet(directory, index_interval_bytes=1, segment_bytes=1 << 20, flush_policy=FlushPolicy.ACK)
+    for i in range(5):  # fewer than WRITE_EVERY entries: all still in memory only
+        tablet.append(records(2, value_size=40, tag=i), meta(producer_id=i))
+    tablet.flush()
+    reference = all_rows(tablet)
+    [active] = tablet._view.segments
+    index_path = active.offset_index.path
+    index_path.unlink(missing_ok=True)
+    index_path.mkdir()  # the append to it fails (EISDIR) as a failing disk would
+    with caplog.at_level(logging.WARNING, logger="fluvial.broker.log.segment"):
+        tablet.close()
+    assert any("not completed" in r.getMessage() for r in caplog.records)
+    index_path.rmdir()
+    reopened = open_tablet(directory, index_interval_bytes=1, segment_bytes=1 << 20)
+    assert all_rows(reopened).equals(reference)
+    [segment] = reopened._view.segments
+    assert len(segment.offset_index) == 5
+    reopened.close()
