@@ -9,12 +9,13 @@ from fluvial.broker.log import sync_journal
 
 def fsync_directory(directory: Path) -> None:
     """Make file creations, renames and deletions in ``directory`` durable."""
+    begun_at = sync_journal.position()
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-    sync_journal.directory_synced(directory)
+    sync_journal.directory_synced(directory, begun_at)
 
 
 def write_text_atomically(path: Path, text: str, *, durable: bool = True) -> None:

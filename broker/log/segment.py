@@ -266,7 +266,7 @@ class LogSegment:
             with open(self.data_path, "r+b") as f:
                 f.truncate(position)
                 os.fsync(f.fileno())
-            sync_journal.synced(self.data_path, position)
+            sync_journal.truncated(self.data_path, position)
         for index in (self.offset_index, self.time_index):
             # Rewritten only when it changed: replacing a file costs a rename (ext4 writes the
             # new file's blocks out first), and after a clean close nothing changes.

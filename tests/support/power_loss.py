@@ -1,13 +1,18 @@
 """Take away from a stopped broker's log files what a power loss could have taken.
 
 The broker runs with ``FLUVIAL_SYNC_JOURNAL`` set (``fluvial.broker.log.sync_journal``):
-every segment creation, segment fsync (with the size it covered) and directory fsync is
-recorded. After the broker is killed with SIGKILL (the page cache keeps every write),
-`lose_unsynced_writes` rewrites each segment as the disk could hold it after a power loss:
+every segment creation, segment fsync (with the size it covered), cut by recovery and
+directory fsync (with the journal line it began at) is recorded. After the broker is killed
+with SIGKILL (the page cache keeps every write), `lose_unsynced_writes` rewrites each
+segment as the disk could hold it after a power loss:
 
-- bytes past the last fsync are lost; optionally a random part of them survives, with its
-  last few pages each kept or zeroed (a torn tail);
-- a segment created after the last fsync of its directory may vanish altogether;
+- bytes past what the segment's fsyncs covered are lost; optionally a random part of them
+  survives, with its last few pages each kept or zeroed (a torn tail). Two flushes of one
+  segment may fsync at once and be recorded in either order, so what is durable is the
+  largest size any fsync since the segment's creation (or its last cut) covered, not the
+  size on the last line;
+- a segment whose creation was recorded after the last fsync of its directory began may
+  vanish altogether;
 - index files (derived data, never fsynced) are cut at a random length;
 - the recovery-point checkpoint (written without fsync) may be gone.
 
@@ -28,7 +33,7 @@ TORN_PAGES = 4  # how many pages before the cut may be lost independently
 @dataclass
 class FileRecord:
     created_at: int = -1  # journal line of the creation, -1 when not created under the journal
-    synced_size: int = 0
+    synced_size: int = 0  # the largest size an fsync covered since creation or the last cut
     synced: bool = False
 
 
@@ -42,7 +47,8 @@ class PowerLossReport:
 
 
 def read_journal(journal: Path) -> tuple[dict[str, FileRecord], dict[str, int]]:
-    """Per file: creation and last fsync; per directory: the line of its last fsync."""
+    """Per file: creation and what its fsyncs made durable; per directory: the journal line
+    at which its latest successful fsync began (creations on earlier lines are durable)."""
     files: dict[str, FileRecord] = {}
     dir_synced: dict[str, int] = {}
     if not journal.exists():
@@ -55,10 +61,16 @@ def read_journal(journal: Path) -> tuple[dict[str, FileRecord], dict[str, int]]:
         if kind == "create":
             files[path] = FileRecord(created_at=n)
         elif kind == "sync":
+            # Concurrent fsyncs finish in any order: one recorded later covering less does
+            # not undo what an earlier line's fsync made durable.
+            record = files.setdefault(path, FileRecord())
+            record.synced_size = max(record.synced_size, size) if record.synced else size
+            record.synced = True
+        elif kind == "truncate":
             record = files.setdefault(path, FileRecord())
             record.synced_size, record.synced = size, True
         elif kind == "dirsync":
-            dir_synced[path] = n
+            dir_synced[path] = max(dir_synced.get(path, -1), size)
     return files, dir_synced
 
 
