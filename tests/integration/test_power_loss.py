@@ -38,6 +38,7 @@ class Trial:
     produced: int = 0
     survived: dict[tuple[int, int], bytes] = field(default_factory=dict)
     lost_bytes: int = 0
+    loss: list[str] = field(default_factory=list)  # what the simulated power loss did, per segment
 
 
 def read_everything(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes]:
@@ -55,9 +56,10 @@ def read_everything(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes]:
     return got
 
 
-def run_trial(root: Path, rng: random.Random, policy: str, acks: str) -> Trial:
+def run_trial(root: Path, rng: random.Random, policy: str, acks: str, *, keep_before_loss: bool = False) -> Trial:
     """One broker life: produce and consume, kill -9 at a random moment, lose what was not
-    fsynced, restart and read everything back."""
+    fsynced, restart and read everything back. ``keep_before_loss``: copy the data directory
+    and the journal to ``root / "before-loss"`` first, so a failing trial can be replayed."""
     root.mkdir(parents=True)
     journal = root / "sync.journal"
     os.environ[ENV_VAR] = str(journal)
@@ -108,7 +110,11 @@ def run_trial(root: Path, rng: random.Random, policy: str, acks: str) -> Trial:
     producer.flush(5)
     trial.produced = seq
 
+    if keep_before_loss:
+        shutil.copytree(root / "data", root / "before-loss" / "data")
+        shutil.copy(journal, root / "before-loss" / journal.name)
     report = lose_unsynced_writes(journal, root / "data", rng)
+    trial.loss = report.details
     trial.lost_bytes = report.bytes_lost
     broker.start()
     try:

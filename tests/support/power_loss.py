@@ -89,7 +89,7 @@ def lose_unsynced_writes(journal: Path, data_dir: Path, rng: random.Random, *, t
             _remove_segment(path)
             report.segments_vanished += 1
             report.bytes_lost += size
-            report.details.append(f"{path.name}: vanished ({size} bytes)")
+            report.details.append(f"{path.parent.name}/{path.name}: vanished ({size} bytes)")
             continue
         durable = record.synced_size if record.synced else 0
         size = path.stat().st_size
@@ -115,7 +115,7 @@ def lose_unsynced_writes(journal: Path, data_dir: Path, rng: random.Random, *, t
         report.segments_cut += 1
         report.bytes_lost += size - keep
         report.torn_pages_kept += kept_pages
-        report.details.append(f"{path.name}: {size} -> {keep} bytes (synced {durable})")
+        report.details.append(f"{path.parent.name}/{path.name}: {size} -> {keep} bytes (synced {durable})")
         _damage_indexes(path, rng)
         checkpoint = path.parent / "recovery-point.checkpoint"
         if checkpoint.exists() and rng.random() < 0.5:
