@@ -41,6 +41,12 @@ setup(
             optional=True,  # broker/log/batch_meta.py formats in Python then
         ),
         Extension(
+            "fluvial.broker._untracked",
+            ["broker/_untracked.c"],
+            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,  # broker/gc_untracked.py leaves the classes as they are then
+        ),
+        Extension(
             "fluvial.broker._netio",
             ["broker/_netio.c"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",

@@ -42,25 +42,40 @@ from benchmarks.brokers import FLUVIAL_DEFAULT, make_workdir, remove_workdir, st
 _GC_WRAPPER = r'''
 import collections, gc, json, os, signal, sys, time
 stats, t = {}, [0.0, 0.0]
+each, sizes, detail = [], [0], []
 def callback(phase, info):
     if phase == "start":
+        sizes[0] = 0
+        if os.environ.get("FLUVIAL_GC_SIZES"):
+            young = gc.get_objects(info["generation"])
+            sizes[0] = len(young)
+            if os.environ.get("FLUVIAL_GC_SIZES") == "2" and len(each) < 3:
+                refs = sorted(((len(gc.get_referents(o)), type(o).__qualname__) for o in young), reverse=True)
+                detail.append({"types": collections.Counter(type(o).__qualname__ for o in young).most_common(15),
+                               "referents": sum(r for r, _ in refs), "largest": refs[:15],
+                               "tuples": collections.Counter(tuple(type(i).__qualname__ for i in o[:4]) + (len(o),)
+                                                             for o in young if type(o) is tuple).most_common(8)})
+            del young
         t[0], t[1] = time.perf_counter(), time.thread_time()
         return
     wall = time.perf_counter() - t[0]
+    cpu = time.thread_time() - t[1]
     s = stats.setdefault(str(info["generation"]), {"collections": 0, "wall_s": 0.0, "cpu_s": 0.0, "max_ms": 0.0})
-    s["collections"] += 1; s["wall_s"] += wall; s["cpu_s"] += time.thread_time() - t[1]
+    s["collections"] += 1; s["wall_s"] += wall; s["cpu_s"] += cpu
     s["max_ms"] = max(s["max_ms"], wall * 1000)
+    if len(each) < 500:
+        each.append((info["generation"], round(wall * 1000, 2), round(cpu * 1000, 2), sizes[0], info["collected"]))
 gc.callbacks.append(callback)
 def report(*_):
     tracked = gc.get_objects()
     types = collections.Counter(type(o).__qualname__ for o in tracked)
     with open(os.environ["FLUVIAL_GC_REPORT"], "w") as f:
-        json.dump({"generations": stats, "tracked": len(tracked), "frozen": gc.get_freeze_count(),
+        json.dump({"generations": stats, "each": each, "detail": detail, "gc_stats": gc.get_stats(), "threshold": gc.get_threshold(), "tracked": len(tracked), "frozen": gc.get_freeze_count(),
                    "top_types": types.most_common(8)}, f)
 signal.signal(signal.SIGUSR1, report)
 if os.environ.get("FLUVIAL_SWITCH_INTERVAL_S"):
     sys.setswitchinterval(float(os.environ["FLUVIAL_SWITCH_INTERVAL_S"]))
-signal.signal(signal.SIGUSR2, lambda *_: stats.clear())
+signal.signal(signal.SIGUSR2, lambda *_: (stats.clear(), each.clear(), detail.clear()))
 sys.argv = ["fluvial", *sys.argv[1:]]
 from fluvial.broker.cli import main
 sys.exit(main())

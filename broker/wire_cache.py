@@ -13,6 +13,8 @@ import struct
 import threading
 from collections import OrderedDict
 
+from fluvial.broker.gc_untracked import untracked_tuple
+
 # lastOffsetDelta of a v2 batch: after baseOffset, length, leader epoch, magic, CRC, attributes.
 _LAST_OFFSET_DELTA = struct.Struct(">i")
 _LAST_OFFSET_DELTA_AT = 23
@@ -42,7 +44,9 @@ class WireCache:
             return
         if type(batch) is memoryview and batch.nbytes <= COPY_BELOW_BYTES:
             batch = bytes(batch)
-        key = (table, bucket, base_offset)
+        # Untracked at once: the collector would untrack a tuple of atoms itself, but only
+        # after walking it in a young collection; the cache holds tens of thousands.
+        key = untracked_tuple((table, bucket, base_offset))
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from fluvial.broker.gc_untracked import untracked, untracked_tuple
+
 # Kafka record batch v2 attribute bits.
 ATTR_COMPRESSION_MASK = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
@@ -40,6 +42,7 @@ except ImportError:  # built without a compiler: encode_parts formats in Python
     _native = None
 
 
+@untracked  # integers only: never in a cycle, and the log keeps one per stored batch
 @dataclass(frozen=True, slots=True, init=False)
 class BatchMeta:
     """What Kafka keeps in a record batch header, beside the rows themselves.
@@ -158,7 +161,7 @@ def encode_parts_py(parts: "list[BatchMeta] | tuple[BatchMeta, ...]") -> bytes:
 
 
 def decode_parts(data: bytes) -> tuple[BatchMeta, ...]:
-    return tuple(BatchMeta.decode(line) for line in data.split(b"\n"))
+    return untracked_tuple(tuple([BatchMeta.decode(line) for line in data.split(b"\n")]))
 
 
 def envelope(parts: "list[BatchMeta] | tuple[BatchMeta, ...]") -> BatchMeta:

@@ -17,6 +17,7 @@ import crc32c
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from fluvial.broker.gc_untracked import untracked
 from fluvial.broker.log.batch_meta import BatchMeta, decode_parts
 from fluvial.broker.log.flatbuffer_read import deref as _deref
 from fluvial.broker.log.flatbuffer_read import field as _field
@@ -73,6 +74,8 @@ class SegmentFormatError(Exception):
     """Bytes that are not a whole, valid batch message (torn write or corruption)."""
 
 
+# Integers, bytes and BatchMetas only: never in a cycle, and a segment keeps one per message.
+@untracked
 @dataclass(frozen=True, slots=True)
 class BatchHeader:
     """Where one batch message lies in a segment, and what its header says."""

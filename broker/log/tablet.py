@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from fluvial.broker.latency import FSYNC_LATENCY
 from fluvial.broker.log.batch_meta import ATTR_LOG_APPEND_TIME, BatchMeta, StoredBatch, encode_parts, envelope
+from fluvial.broker.gc_untracked import untracked_tuple
 from fluvial.broker.log.checkpoint import OffsetCheckpoint, fsync_directory
 from fluvial.broker.log.config import FlushPolicy, LogConfig, TimestampType
 from fluvial.broker.log.leader_epoch import LeaderEpochCache
@@ -508,7 +509,7 @@ class LogTablet:
             filled = metas[0]
             parts: tuple[BatchMeta, ...] = ()
         else:
-            parts = tuple(metas)
+            parts = untracked_tuple(tuple(metas))  # kept by the segment: not walked by the collector
             filled = envelope(parts)
         count = records.num_rows
         base = filled.base_offset
