@@ -15,6 +15,12 @@ Run: `python benchmarks/profile_connections.py [--rounds 2] [--baseline REV]
 bench_small_requests.py does) runs in alternating rounds; with `--switch-interval-s` the
 broker with that GIL switch interval does. Results: benchmarks/results/profile-connections.json, with the load
 average of each round.
+
+Environment: FLUVIAL_GC_SIZES=1 keeps each collection's size (generation, wall and CPU ms,
+objects, collected), =2 also the types and tuples the first ones walked; FLUVIAL_STALLS=1
+counts the loop's stalls over 10 ms (a probe posted every 5 ms) and splits their time by the
+loop thread's scheduler counters: running, runnable without a core, and neither (the GIL, a
+lock, a system call).
 """
 from __future__ import annotations
 
@@ -70,12 +76,40 @@ def report(*_):
     tracked = gc.get_objects()
     types = collections.Counter(type(o).__qualname__ for o in tracked)
     with open(os.environ["FLUVIAL_GC_REPORT"], "w") as f:
-        json.dump({"generations": stats, "each": each, "detail": detail, "gc_stats": gc.get_stats(), "threshold": gc.get_threshold(), "tracked": len(tracked), "frozen": gc.get_freeze_count(),
+        json.dump({"generations": stats, "each": each, "detail": detail, "stalls": stalls, "gc_stats": gc.get_stats(), "threshold": gc.get_threshold(), "tracked": len(tracked), "frozen": gc.get_freeze_count(),
                    "top_types": types.most_common(8)}, f)
 signal.signal(signal.SIGUSR1, report)
 if os.environ.get("FLUVIAL_SWITCH_INTERVAL_S"):
     sys.setswitchinterval(float(os.environ["FLUVIAL_SWITCH_INTERVAL_S"]))
-signal.signal(signal.SIGUSR2, lambda *_: (stats.clear(), each.clear(), detail.clear()))
+# With FLUVIAL_STALLS set: a thread asks the loop to run a probe every 5 ms and, for each
+# probe that ran over 10 ms late, splits the wait by the loop thread's scheduler counters
+# (/proc schedstat): running, runnable without a core, and neither (waiting for the GIL, a
+# lock or a system call; an idle loop's epoll wait ends at once on the probe's wake-up).
+stalls = []
+def _schedstat(tid):
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        run, wait, _ = f.read().split()
+    return int(run), int(wait)
+def _watch(loop, tid):
+    import threading
+    def probe(posted, before):
+        late = time.perf_counter() - posted
+        if late > 0.010 and len(stalls) < 2000:
+            run, wait = _schedstat(tid)
+            stalls.append((round(late * 1000, 1), round((run - before[0]) / 1e6, 1), round((wait - before[1]) / 1e6, 1)))
+    while True:
+        time.sleep(0.005)
+        try:
+            loop.call_soon_threadsafe(probe, time.perf_counter(), _schedstat(tid))
+        except RuntimeError:
+            return
+def _start(*_):
+    stats.clear(); each.clear(); detail.clear(); stalls.clear()
+    import asyncio, threading
+    loop = asyncio.events._get_running_loop()
+    if os.environ.get("FLUVIAL_STALLS") and loop is not None:
+        threading.Thread(target=_watch, args=(loop, threading.get_native_id()), daemon=True).start()
+signal.signal(signal.SIGUSR2, _start)
 sys.argv = ["fluvial", *sys.argv[1:]]
 from fluvial.broker.cli import main
 sys.exit(main())
@@ -165,6 +199,13 @@ def run_round(args, loadgen: Path, wrapper: Path) -> dict:
         "loop_cores": round(loop / wall, 2), "process_cores": round(process / wall, 2),
         "gc_share_of_loop_cpu": round(gc_cpu / loop, 3) if loop else None,
         "gc": gc_report,
+        # FLUVIAL_STALLS: probes over 10 ms late, the longest, and their total wait split by
+        # the loop thread's scheduler counters (approximate: a wait is counted when it ends).
+        "stalls_over_10ms": len(gc_report["stalls"]),
+        "stall_longest_ms": max((s[0] for s in gc_report["stalls"]), default=0.0),
+        "stall_ms": {"total": round(sum(s[0] for s in gc_report["stalls"])),
+                     "running": round(sum(s[1] for s in gc_report["stalls"])),
+                     "runnable": round(sum(s[2] for s in gc_report["stalls"]))},
         "ack_ms": (done or {}).get("ack_ms"), "timed_out": (done or {}).get("timed_out"),
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
     }
