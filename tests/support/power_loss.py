@@ -33,8 +33,7 @@ TORN_PAGES = 4  # how many pages before the cut may be lost independently
 @dataclass
 class FileRecord:
     created_at: int = -1  # journal line of the creation, -1 when not created under the journal
-    synced_size: int = 0  # the largest size an fsync covered since creation or the last cut
-    synced: bool = False
+    synced_size: int = 0  # the largest size an fsync covered since creation or the last cut (0: none)
 
 
 @dataclass
@@ -64,11 +63,10 @@ def read_journal(journal: Path) -> tuple[dict[str, FileRecord], dict[str, int]]:
             # Concurrent fsyncs finish in any order: one recorded later covering less does
             # not undo what an earlier line's fsync made durable.
             record = files.setdefault(path, FileRecord())
-            record.synced_size = max(record.synced_size, size) if record.synced else size
-            record.synced = True
+            record.synced_size = max(record.synced_size, size)
         elif kind == "truncate":
             record = files.setdefault(path, FileRecord())
-            record.synced_size, record.synced = size, True
+            record.synced_size = size
         elif kind == "dirsync":
             dir_synced[path] = max(dir_synced.get(path, -1), size)
     return files, dir_synced
@@ -91,7 +89,7 @@ def lose_unsynced_writes(journal: Path, data_dir: Path, rng: random.Random, *, t
             report.bytes_lost += size
             report.details.append(f"{path.parent.name}/{path.name}: vanished ({size} bytes)")
             continue
-        durable = record.synced_size if record.synced else 0
+        durable = record.synced_size
         size = path.stat().st_size
         if size <= durable:
             continue
