@@ -33,15 +33,26 @@ def _kill_leftovers() -> None:
 
 
 class BrokerProcess:
-    """A broker child process on a free port with its own data dir; restartable."""
+    """A broker child process on a free port with its own data dir; restartable.
+
+    Without a given port the first start binds port 0 and takes the port the broker reports
+    as ready (no window in which another process can take a port picked beforehand);
+    restarts keep that port, so clients reconnect to the same bootstrap address."""
 
     def __init__(self, data_dir: Path, *extra_args: str, port: int | None = None):
         self.data_dir = Path(data_dir)
-        self.port = port or free_port()
+        self._port = port
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen | None = None
         self.ports: dict = {}
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-broker.log"
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            # Asked for before the first start: pick one now (the start binds it).
+            self._port = free_port()
+        return self._port
 
     @property
     def http_url(self) -> str:
@@ -59,7 +70,7 @@ class BrokerProcess:
 
     def start(self, timeout: float = 30.0) -> "BrokerProcess":
         cmd = [sys.executable, "-m", "fluvial.broker", "broker", "--data-dir", str(self.data_dir),
-               "--kafka-port", str(self.port), "--http-port", "0", "--flight-port", "0", "--log-format", "text", *self.extra_args]
+               "--kafka-port", str(self._port or 0), "--http-port", "0", "--flight-port", "0", "--log-format", "text", *self.extra_args]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         _STARTED.add(self.proc)
@@ -71,6 +82,7 @@ class BrokerProcess:
                     event = json.loads(line)
                     if event.get("event") == "ready":
                         self.ports = event
+                        self._port = event["kafka_port"]
                         ready.set()
                 except ValueError:
                     pass
