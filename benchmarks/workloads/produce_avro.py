@@ -14,9 +14,11 @@ KINDS = ("typed", "raw")
 
 
 def record_count(size: int, scale: Scale) -> int:
+    # Long enough to measure the brokers rather than the start of a run: at 200,000 / 100,000
+    # a Kafka round lasted about 0.15 s, mostly the client's own produce loop.
     if size <= 200:
-        return scale.pick(full=200_000, quick=5_000)
-    return scale.pick(full=100_000, quick=2_000)
+        return scale.pick(full=1_000_000, quick=5_000)
+    return scale.pick(full=300_000, quick=2_000)
 
 
 def _case(kind: str, size: int, scale: Scale) -> Case:
