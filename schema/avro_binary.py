@@ -269,7 +269,7 @@ class _Op:
 
 
 # Flags of a program entry (its `b`), as schema/_avro.c reads them.
-_BLOB_TEXT = 1  # a string column: the pass reports whether its bytes are all ASCII
+_BLOB_TEXT = 1  # a string column: the pass reports whether its bytes are known UTF-8
 _BLOB_LARGE = 2
 _INT_UNSIGNED = 0x100  # the low byte: the column's width in bytes when narrower than Avro's
 _MAX_FIXED = 1 << 20  # the largest fixed size a program may hold (as schema/_avro.c checks)
@@ -290,7 +290,7 @@ class _Program:
     symbol_offsets: np.ndarray  # int64
     type: pa.DataType
     node: AvroNode
-    # `type` with the string columns a batch had all in ASCII as binary (by the pass's
+    # `type` with the string columns a batch had known UTF-8 as binary (by the pass's
     # `checked` bytes): the type a decoded batch is imported and validated as.
     import_types: dict[bytes, pa.DataType] = field(default_factory=dict)
 
@@ -401,12 +401,12 @@ def _program(node: AvroNode) -> _Program | None:
     return program
 
 
-_MAX_IMPORT_TYPES = 64  # kept per program: one per set of ASCII-only string columns seen
+_MAX_IMPORT_TYPES = 64  # kept per program: one per set of checked string columns seen
 
 
 def _ascii_as_binary(n: AvroNode, typ: pa.DataType, checked: np.ndarray, at: list[int]) -> pa.DataType:
-    """`typ` (the Arrow type of `n`'s values) with the string columns `checked` marks (all
-    ASCII in this batch) as binary, walking the schema in `_program`'s order (entry
+    """`typ` (the Arrow type of `n`'s values) with the string columns `checked` marks (known
+    UTF-8 in this batch) as binary, walking the schema in `_program`'s order (entry
     `at[0]` is `n`)."""
     i = at[0]
     at[0] += 1
@@ -469,10 +469,10 @@ def decode_framed(node: AvroNode, values: pa.Array, schema_id: int) -> pa.Array 
 def _imported(address: int, program: _Program, checked: np.ndarray) -> pa.Array | None:
     if address < 0:
         return None
-    # String columns the pass found all ASCII are imported as binary: ASCII is UTF-8, and
-    # Arrow's check of each value (a few ns a value however short) is left to the columns
-    # with other characters. Arrow still validates everything else: every column's layout,
-    # decimals' precision, times of day.
+    # String columns the pass found well-formed UTF-8 (all ASCII, or checked whole 16 bytes
+    # at a time) are imported as binary: Arrow's check of each value (a few ns a value
+    # however short) is left to the columns the pass could not vouch for. Arrow still
+    # validates everything else: every column's layout, decimals' precision, times of day.
     typ = program.import_type(checked)
     arr = pa.Array._import_from_c(address, typ)
     try:

@@ -349,7 +349,7 @@ def _texts_body(s: bytes, big: bytes, opt: bytes | None, tags: list[bytes], keys
             + bytes([e << 1]) + _avro_string(by))
 
 
-def test_ascii_string_columns_skip_arrows_utf8_check_and_come_back_as_strings():
+def test_checked_string_columns_skip_arrows_utf8_check_and_come_back_as_strings():
     program = avro_binary._program(TEXTS.root)
     bodies = [_texts_body(b"plain", "é".encode(), b"x", [b"t0", b"t1"], [b"k"], ["漢".encode()]),
               _texts_body(b"", b"abc", None, [], [], [], e=1)]
@@ -362,15 +362,22 @@ def test_ascii_string_columns_skip_arrows_utf8_check_and_come_back_as_strings():
     assert address > 0
     pa.Array._import_from_c(address, program.type)  # release it
     # Entries: record, s, big, opt (union), opt's string, tags, item, m, key, value, e, by.
-    assert checked.tolist() == [0, 1, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0]
+    # Every string column is checked, ASCII ("s") or not ("big", the map's values); the
+    # enum by its symbols.
+    assert checked.tolist() == [0, 1, 1, 0, 1, 0, 1, 0, 1, 1, 1, 0]
     native, reference, problems = both(TEXTS.root, bodies)
     assert problems == [] and native is not None
     assert native.type == program.type and native.equals(reference)
     assert native.to_pylist()[0]["m"] == [("k", "漢")]
-    # The import type of this batch: the ASCII string columns as binary, the others kept.
+    assert native.to_pylist()[0]["big"] == "é"
+    # The import type of this batch: the checked string columns as binary.
     import_type = program.import_type(checked)
-    assert import_type.field("s").type == pa.binary() and import_type.field("big").type == pa.large_string()
-    assert import_type.field("m").type.item_type == pa.string() and import_type.field("e").type == pa.binary()
+    assert import_type.field("s").type == pa.binary() and import_type.field("big").type == pa.large_binary()
+    assert import_type.field("m").type.item_type == pa.binary() and import_type.field("e").type == pa.binary()
+    unchecked = checked.copy()
+    unchecked[[2, 9]] = 0
+    import_type = program.import_type(unchecked)
+    assert import_type.field("big").type == pa.large_string() and import_type.field("m").type.item_type == pa.string()
     assert program.import_type(np.zeros(program.nodes, np.uint8)) is program.type
 
 
@@ -429,3 +436,45 @@ def test_fuzzed_string_bytes_are_taken_exactly_when_every_value_is_utf8(values, 
         assert native.to_pylist()[0]["s"] == raw[0].decode()
     else:
         assert native is None and problems and "UTF-8" in problems[0][1]
+
+
+# Pieces that are valid UTF-8 only together with their neighbour (a character split between
+# two values), and every kind of invalid sequence.
+_SPLIT = ["é".encode()[:1], "é".encode()[1:], "漢".encode()[:2], "漢".encode()[2:], "😀".encode()[:3],
+          "😀".encode()[3:], b"\xed\xa0\x80", b"\xc0\xaf", b"\xe0\x80\xaf", b"\xf0\x80\x80\xaf", b"\xf4\x90\x80\x80",
+          b"\xf5\x80\x80\x80", b"\xff", b"\x80"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(values=st.lists(st.one_of(st.text(max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass")),
+                                 st.lists(st.sampled_from(_SPLIT), max_size=3).map(b"".join),
+                                 st.binary(max_size=20)), min_size=1, max_size=12))
+def test_a_string_column_of_many_values_is_taken_exactly_when_each_value_is_utf8(values):
+    """The compiled check sees a column's bytes as a whole (16 at a time) and where each
+    value starts: a character split between two values, or cut by the column's end, is
+    refused as Arrow and the reference refuse it."""
+    bodies = [_texts_body(v, b"b", None, [], [], []) for v in values]
+    native, reference, problems = both(TEXTS.root, bodies)
+
+    def utf8(b: bytes) -> bool:
+        try:
+            b.decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            return False
+
+    if all(map(utf8, values)):
+        assert problems == [] and native is not None and native.equals(reference)
+        assert native.field("s").to_pylist() == [v.decode() for v in values]
+        # Known valid by the compiled check itself (Arrow's check of it is skipped).
+        program = avro_binary._program(TEXTS.root)
+        lens = np.array([len(b) for b in bodies], np.int64)
+        end = np.cumsum(lens)
+        checked = np.zeros(program.nodes, np.uint8)
+        address = avro_binary._native.decode_batch(program.code, program.symbols, program.symbol_offsets,
+                                                   np.frombuffer(b"".join(bodies), np.uint8), end - lens, end, checked)
+        pa.Array._import_from_c(address, program.type)  # release it
+        assert checked[1] == 1
+    else:
+        assert native is None and problems and "UTF-8" in problems[0][1]
+        assert problems[0][0] == next(i for i, v in enumerate(values) if not utf8(v))
