@@ -118,9 +118,13 @@ class Throughput:
     records: int
     bytes: int
     seconds: float
+    avg_latency_ms: float | None = None  # the producer's own mean send-to-ack latency, when it reports one
 
     def figures(self) -> dict[str, float]:
-        return {"records/s": self.records / self.seconds, "MB/s": self.bytes / self.seconds / 1e6}
+        out = {"records/s": self.records / self.seconds, "MB/s": self.bytes / self.seconds / 1e6}
+        if self.avg_latency_ms is not None:
+            out["producer_avg_latency_ms"] = self.avg_latency_ms
+        return out
 
 
 def produce_confluent(bootstrap: str, topic: str, count: int, size: int, timeout_s: float,
@@ -227,7 +231,7 @@ def produce_java(bootstrap: str, topic: str, count: int, size: int, timeout_s: f
     if sent != count or "Exception" in out:
         raise CaseFailed(f"ProducerPerformance: {sent}/{count} records acknowledged:\n{out[-1500:]}")
     rate = float(match.group(2))
-    return Throughput(count, count * size, count / rate)
+    return Throughput(count, count * size, count / rate, float(match.group(4)))
 
 
 def consume_java(bootstrap: str, topic: str, expected: int, timeout_s: float) -> Throughput:

@@ -147,6 +147,27 @@ def test_failed_fsync_takes_only_that_bucket_offline_and_is_never_acknowledged(t
     broker.stop()
 
 
+def test_a_large_batch_appended_off_the_loop_is_acknowledged_only_after_its_fsync(tmp_path, monkeypatch):
+    """A batch of at least 256 KB with acks=all is converted and appended on the executor,
+    pipelined with the connection's next requests (`produce._Pipeline`): acknowledged and
+    readable when its flush succeeded, never when it failed."""
+    faults = tmp_path / "fsync-faults"
+    monkeypatch.setenv(FAULTS_ENV, str(faults))
+    broker = BrokerProcess(tmp_path / "data").start()
+    create_topic(broker)
+    large = {"linger.ms": 500, "batch.size": 1_000_000, "batch.num.messages": 100_000}
+    values = [b"%04d" % i + b"x" * 1000 for i in range(400)]   # one batch of about 400 KB
+    assert produce(broker, 0, values, **large) == [(None, i) for i in range(400)]
+    assert read_values(broker, 0) == values
+
+    faults.write_text(f"{TOPIC}-0/\n")
+    assert produce(broker, 0, values, **large) == [(KafkaError.KAFKA_STORAGE_ERROR, None)] * 400
+    assert fetch_error(broker, 0) == ErrorCode.KAFKA_STORAGE_ERROR
+    assert produce(broker, 1, values, **large) == [(None, i) for i in range(400)]   # the other bucket serves
+    assert broker.stop() == 0
+    assert "Traceback" not in broker.log_tail(100)
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     mount = tmp_path / "small-disk"
