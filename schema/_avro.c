@@ -929,15 +929,17 @@ utf8_valid(const uint8_t *s, int64_t len)
 }
 #endif
 
-/* Whether every value of a string column (count values, their offsets int32 or int64,
- * the first 0 and the last the body's length) is well-formed UTF-8: the body as a whole
- * is, and no value starts with a continuation byte (then each value is whole characters).
- * 0 also where nothing is known (no vector unit): Arrow's validation checks those. */
+/* Whether every value of a string column (its offsets int32 or int64, the first 0 and
+ * the last the body's length) is well-formed UTF-8: the body as a whole is, and no value
+ * starts with a continuation byte (then each value is whole characters). Every offset in
+ * the buffer is looked at, not only the first `count`. 0 also where nothing is known (no
+ * vector unit): Arrow's validation checks those. */
 static int
 text_column_valid(const Node *nd)
 {
     const uint8_t *body = nd->body.p;
-    const int64_t blen = (int64_t)nd->body.len, count = nd->count;
+    const int64_t blen = (int64_t)nd->body.len;
+    const int64_t count = (int64_t)(nd->values.len / ((nd->b & BLOB_LARGE) ? 8 : 4));
     int bad = 0;
     int64_t i;
     if (blen == 0)
