@@ -86,6 +86,26 @@ class Workload:
         raise KeyError(name)
 
 
+def delete_topic_settled(broker: RunningBroker, topic: str, timeout_s: float = 30.0) -> None:
+    """Deletes a case's topic and waits until the system has removed its files, then writes
+    back every dirty page (`sync`), so the next system's case starts on a settled disk on
+    every system alike. Apache Kafka removes a deleted topic's files asynchronously (even
+    with file.delete.delay.ms=0): without this, the file system's work of removing hundreds of
+    MB, and any write-back, fell into whichever system's case came next."""
+    import os
+    import time
+
+    from benchmarks import clients
+
+    clients.delete_topic(broker.bootstrap, topic)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(broker.workdir.rglob(f"{topic}-*")):
+            break
+        time.sleep(0.05)
+    os.sync()
+
+
 _MODULES = ("produce_raw", "consume_raw", "e2e_latency", "produce_avro", "consume_avro", "projection_scan")
 
 

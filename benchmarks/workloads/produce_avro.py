@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from benchmarks import clients
 from benchmarks.brokers import RunningBroker
-from benchmarks.workloads import MB_PER_S, RECORDS_PER_S, Case, Scale, Workload
+from benchmarks.workloads import MB_PER_S, RECORDS_PER_S, Case, Scale, Workload, delete_topic_settled
 from benchmarks.workloads.avro_common import (
     DISK_BYTES_PER_RECORD, PAD_BY_SIZE, VALUE_SIZES, avro_values, create_avro_topic, disk_bytes, produce_values,
     size_label,
@@ -34,7 +34,7 @@ def _case(kind: str, size: int, scale: Scale) -> Case:
                 figures[DISK_BYTES_PER_RECORD.name] = on_disk / count
             return figures
         finally:
-            clients.delete_topic(broker.bootstrap, topic)
+            delete_topic_settled(broker, topic)
 
     return Case(f"{kind} table, {size_label(size)}", run)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from benchmarks import clients
 from benchmarks.brokers import RunningBroker
-from benchmarks.workloads import MB_PER_S, RECORDS_PER_S, Case, Scale, Workload
+from benchmarks.workloads import MB_PER_S, RECORDS_PER_S, Case, Scale, Workload, delete_topic_settled
 
 VALUE_SIZES = (100, 1000)
 
@@ -29,7 +29,7 @@ def _case(client: str, size: int, scale: Scale) -> Case:
         try:
             return produce(broker.bootstrap, topic, count, size, scale.timeout_s).figures()
         finally:
-            clients.delete_topic(broker.bootstrap, topic)
+            delete_topic_settled(broker, topic)
 
     return Case(f"{client}, {size} B", run)
 
