@@ -416,6 +416,14 @@ def test_enum_symbols_other_than_ascii_are_left_to_arrows_check():
     assert checked[10] == 0  # the enum's entry: its symbols are not all ASCII
 
 
+def utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
 @settings(max_examples=300, deadline=None)
 @given(values=st.lists(st.binary(max_size=12), min_size=6, max_size=6),
        text=st.lists(st.text(max_size=5), min_size=6, max_size=6), mix=st.lists(st.booleans(), min_size=6, max_size=6))
@@ -423,13 +431,6 @@ def test_fuzzed_string_bytes_are_taken_exactly_when_every_value_is_utf8(values, 
     raw = [v if m else t.encode("utf-8", "surrogatepass") for v, t, m in zip(values, text, mix)]
     body = _texts_body(raw[0], raw[1], raw[2], [raw[3]], [raw[4]], [raw[5]])
     native, reference, problems = both(TEXTS.root, [body])
-
-    def utf8(b: bytes) -> bool:
-        try:
-            b.decode("utf-8")
-            return True
-        except UnicodeDecodeError:
-            return False
 
     if all(map(utf8, raw)):
         assert problems == [] and native is not None and native.equals(reference)
@@ -455,13 +456,6 @@ def test_a_string_column_of_many_values_is_taken_exactly_when_each_value_is_utf8
     refused as Arrow and the reference refuse it."""
     bodies = [_texts_body(v, b"b", None, [], [], []) for v in values]
     native, reference, problems = both(TEXTS.root, bodies)
-
-    def utf8(b: bytes) -> bool:
-        try:
-            b.decode("utf-8")
-            return True
-        except UnicodeDecodeError:
-            return False
 
     if all(map(utf8, values)):
         assert problems == [] and native is not None and native.equals(reference)
