@@ -230,7 +230,9 @@ def kraft_server_properties(log_dir: Path, port: int, controller_port: int) -> s
     in particular no log.flush.* settings, so durability is the page cache, as Kafka ships.
 
     One setting differs from Kafka's defaults and none of its measured paths: a deleted
-    topic's files are removed at once (file.delete.delay.ms=0, default 60 s). With the delay,
+    topic's files are removed at once (log.segment.delete.delay.ms=0, the broker's default
+    for the topic setting file.delete.delay.ms, 60 s; the topic setting's own name is ignored
+    in this file). With the delay,
     the files of a topic a case deleted were removed a minute later, in the middle of the
     next system's case, whose fsyncs then waited for that deletion's journal commit and
     discards."""
@@ -260,7 +262,7 @@ group.initial.rebalance.delay.ms=0
 log.retention.hours=168
 log.segment.bytes=1073741824
 log.retention.check.interval.ms=300000
-file.delete.delay.ms=0
+log.segment.delete.delay.ms=0
 """
 
 
@@ -338,7 +340,7 @@ def start_kafka_from_docker(workdir: Path, spec: SystemSpec = KAFKA, timeout_s: 
         "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
         "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR": "1",
         "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
-        "KAFKA_FILE_DELETE_DELAY_MS": "0",  # as kraft_server_properties says
+        "KAFKA_LOG_SEGMENT_DELETE_DELAY_MS": "0",  # as kraft_server_properties says
     }
     for key, value in settings.items():
         container.with_env(key, value)

@@ -89,9 +89,10 @@ class Workload:
 def delete_topic_settled(broker: RunningBroker, topic: str, timeout_s: float = 30.0) -> None:
     """Deletes a case's topic and waits until the system has removed its files, then writes
     back every dirty page (`sync`), so the next system's case starts on a settled disk on
-    every system alike. Apache Kafka removes a deleted topic's files asynchronously (even
-    with file.delete.delay.ms=0): without this, the file system's work of removing hundreds of
-    MB, and any write-back, fell into whichever system's case came next."""
+    every system alike. Apache Kafka removes a deleted topic's files asynchronously (its
+    first removal after start-up waits for the 30 s initial delay of its deletion task):
+    without this, the file system's work of removing hundreds of MB, and any write-back,
+    fell into whichever system's case came next."""
     import os
     import time
 
