@@ -7,10 +7,13 @@ case on every system round after round. A case returns its figures by metric nam
 from __future__ import annotations
 
 import importlib
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from benchmarks import clients
 from benchmarks.brokers import RunningBroker
 
 
@@ -93,11 +96,6 @@ def delete_topic_settled(broker: RunningBroker, topic: str, timeout_s: float = 3
     first removal after start-up waits for the 30 s initial delay of its deletion task):
     without this, the file system's work of removing hundreds of MB, and any write-back,
     fell into whichever system's case came next."""
-    import os
-    import time
-
-    from benchmarks import clients
-
     clients.delete_topic(broker.bootstrap, topic)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
