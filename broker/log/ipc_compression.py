@@ -115,12 +115,16 @@ class _Compressors(threading.local):
 
 _compressors = _Compressors()
 
-# A buffer of a batch that zstd could not shrink (random ids, digests, random payloads) is
-# stored as it is; the same buffer of the next batches of that schema most likely will not
-# shrink either, so it is stored as it is without a try for this many batches, then tried
-# again. zstd gives up on such data quickly, but not for free: at 1 KB records the random
-# payload column was about a tenth of the batch's compression time.
+# A buffer of a batch that zstd could not shrink by at least 1/MIN_SAVING_FRACTION of its
+# size (random ids, digests, random payloads, random doubles) is stored as it is: a frame
+# that saves a few percent costs about as much CPU as one that saves half (zstd's time goes
+# mostly to the Huffman coding of literals), and reading it costs a decompression. The same
+# buffer of the next batches of that schema most likely will not shrink either, so it is
+# stored as it is without a try for this many batches, then tried again. zstd gives up on
+# such data quickly, but not for free: at 1 KB records the random payload column was about
+# a tenth of the batch's compression time.
 INCOMPRESSIBLE_SKIP_BATCHES = 15
+MIN_SAVING_FRACTION = 16
 _SCHEMAS_TRACKED = 16
 
 
@@ -203,8 +207,8 @@ def compress_record_batch(batch: pa.RecordBatch, custom_metadata: dict[bytes, by
                           delta: bool = False) -> CompressedMessage:
     """The IPC message of ``batch`` with its buffers compressed by zstd at ``level`` and
     ``custom_metadata`` in its header. Each buffer is a frame of its own (a reader
-    decompresses only the columns it asks for); one that would not shrink is stored as it
-    is, and so is that buffer of this schema's next INCOMPRESSIBLE_SKIP_BATCHES batches.
+    decompresses only the columns it asks for); one that would not shrink by at least
+    1/MIN_SAVING_FRACTION is stored as it is, and so is that buffer of this schema's next INCOMPRESSIBLE_SKIP_BATCHES batches.
     ``schema``: the one schema object the caller keeps for batches of this schema (equal
     to the batch's), under which that is remembered; by default the batch's own.
     ``delta``: offsets buffers delta-coded (see the module's description); a schema with
@@ -252,10 +256,12 @@ def compress_record_batch(batch: pa.RecordBatch, custom_metadata: dict[bytes, by
         if tried[i // 2]:  # in the order of `wanted`
             packed = frames[next_frame]
             next_frame += 1
-            skips[i // 2] = 0 if len(packed) < size else INCOMPRESSIBLE_SKIP_BATCHES
+            if len(packed) > size - size // MIN_SAVING_FRACTION:
+                packed = None
+            skips[i // 2] = 0 if packed is not None else INCOMPRESSIBLE_SKIP_BATCHES
         elif skips[i // 2]:
             skips[i // 2] -= 1
-        if packed is not None and len(packed) < size:
+        if packed is not None:
             parts += (_I64.pack(size), packed)
             stored = 8 + len(packed)
         else:

@@ -7,6 +7,7 @@ import os
 import struct
 import threading
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
@@ -156,6 +157,33 @@ def test_buffers_that_do_not_shrink_are_stored_uncompressed():
     assert tiny_validity[0] == -1 and tiny_data[0] == -1  # under MIN_COMPRESSED_BUFFER_BYTES
     assert len(tiny_data[1]) < MIN_COMPRESSED_BUFFER_BYTES
     assert _read(batch.schema, message.header, message.body).equals(batch)
+
+
+def test_buffers_that_shrink_by_less_than_the_minimum_saving_are_stored_uncompressed():
+    """Random doubles: zstd's frame is a few percent smaller than the buffer (the sign and
+    exponent bits are not random), under 1/MIN_SAVING_FRACTION: stored as they are, and
+    so in the next batches of that schema; doubles of a few distinct values are compressed.
+    Through the log's encoding too: the segment reads back."""
+    rng = np.random.default_rng(5)
+    doubles = pa.array(rng.uniform(-1e12, 1e12, 4000))
+    few = pa.array(rng.choice([0.5, 1.25, 3.0], 4000))
+    raw = doubles.buffers()[1].to_pybytes()
+    frame = zstandard.ZstdCompressor(level=ipc_compression.ZSTD_LEVEL).compress(raw)
+    # The premise: the frame saves something, but less than the minimum.
+    assert len(raw) - len(raw) // ipc_compression.MIN_SAVING_FRACTION < len(frame) < len(raw)
+    batch = pa.record_batch([doubles, few], names=["random", "few"])
+    key = pa.schema(batch.schema)
+    for _ in range(3):
+        message = compress_record_batch(batch, CUSTOM, schema=key)
+        (random_length, random_bytes), (few_length, few_bytes) = _stored_buffers(message)
+        assert (random_length, random_bytes) == (-1, raw)
+        assert few_length == 4000 * 8 and len(few_bytes) < 4000
+        assert _read(batch.schema, message.header, message.body).equals(batch)
+    encoded = encode_batch(batch, meta(record_count=4000, last_offset_delta=3999), b"", compression="zstd")
+    segment = encoded.schema_message + encoded.header + encoded.body.to_pybytes()
+    header = parse_batch_header(memoryview(segment), len(encoded.schema_message), len(segment))
+    assert read_batch(pa.py_buffer(segment), header, batch.schema).equals(batch)
+    assert ipc.open_stream(segment).read_all().equals(pa.Table.from_batches([batch]))
 
 
 def test_a_buffer_that_did_not_shrink_is_not_tried_again_for_a_while():
