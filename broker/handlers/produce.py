@@ -1,6 +1,7 @@
 """Produce: verify each partition's batch, convert it to Arrow, append, acknowledge.
 
-Per partition: one v2 batch (v3+), CRC-32C checked, size checked, converted to the
+Per partition: one v2 batch (v3+), CRC-32C checked (a typed table's on the executor,
+before its decode), size checked, converted to the
 stored Arrow batch off the event loop, then appended in request order. acks=0 gets no
 response; acks=all waits for the bucket's group-commit fsync (flush policy "ack").
 """
@@ -58,6 +59,7 @@ class _Part:
     wire: bytearray | None = None
     header: object = None
     converted: object = None  # (records, meta) | FluvialError
+    crc_pending: bool = False  # the CRC is verified by `_convert`, off the loop (a typed table's batch)
     written: object = None  # BatchMeta, when appended on the executor that converted it
     handed_back: bool = False  # `written` handed to the table's kind on the loop (`_hand_back`)
 
@@ -96,7 +98,12 @@ def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
         if len(batches) != 1:
             raise InvalidRecordError("a produce request (v3+) must carry exactly one record batch per partition")
         header = parse_batch_header(batches[0])
-        verify_crc(batches[0], header)
+        if table.value_format is not kafka_batches.RAW and not header.is_control:
+            # Always converted on the executor (see `produce`): its CRC is checked there,
+            # before the decode, and a mismatch is refused as here (nothing appended).
+            part.crc_pending = True
+        else:
+            verify_crc(batches[0], header)
         if header.is_control:
             # Commit and abort markers are the transaction coordinator's alone: a client's
             # would end (or forge the end of) a transaction in a read_committed reader's view.
@@ -115,6 +122,8 @@ def _convert(part: _Part, log_append_time: int | None, coalesced: bool = False) 
     ``ack``); a small raw-table batch is then only checked here, and converted to Arrow by
     the log tablet together with the others of its flush window."""
     try:
+        if part.crc_pending:
+            verify_crc(part.wire, part.header)
         part.converted = part.bucket.table.kind.decode_produced(part.bucket, memoryview(part.wire), part.header,
                                                                 log_append_time_ms=log_append_time,
                                                                 coalesced=coalesced)
@@ -211,12 +220,40 @@ _pipelines: "weakref.WeakKeyDictionary[object, _Pipeline]" = weakref.WeakKeyDict
 
 
 def _append_after(broker, loop: asyncio.AbstractEventLoop, part: _Part, log_append_time: int | None,
-                  before: concurrent.futures.Future | None) -> None:
-    """Convert (in parallel with the bucket's previous job), then append after it."""
-    _convert(part, log_append_time)
-    if before is not None:
-        concurrent.futures.wait((before,))
-    _append_and_hand_back(broker, loop, part)
+                  before: concurrent.futures.Future | None, waiter: asyncio.Future) -> None:
+    """Convert (in parallel with the bucket's previous job), then append after it, then wake
+    the loop once: `_finish_job` hands the append back and completes the request's
+    ``waiter`` in one callback (an `asyncio.wrap_future` of the job would be a second wake,
+    besides the hand-back's). A job whose request was cancelled before the job started is
+    not run, as a cancelled concurrent future is not."""
+    if waiter.cancelled():
+        return
+    failure = None
+    try:
+        _convert(part, log_append_time)
+        if before is not None:
+            concurrent.futures.wait((before,))
+        _append_converted(part)
+    except BaseException as exc:  # noqa: BLE001 - the request's coroutine raises it, as from the job
+        failure = exc
+    try:
+        # Queued before this job's future is done, so before the next job of the bucket
+        # appends: the bucket's appends are handed back in their order.
+        loop.call_soon_threadsafe(_finish_job, broker, part, waiter, failure)
+    except RuntimeError:
+        pass  # the loop is closing: nobody waits for the answer
+
+
+def _finish_job(broker, part: _Part, waiter: asyncio.Future, failure: BaseException | None) -> None:
+    """On the loop: a pipelined job's append handed back, and its request woken."""
+    if part.written is not None:
+        _hand_back(broker, part)
+    if waiter.done():
+        return
+    if failure is None:
+        waiter.set_result(None)
+    else:
+        waiter.set_exception(failure)
 
 
 async def _admit_transactional(ctx: RequestContext, transactional_id: str | None, part: _Part, meta) -> bool:
@@ -392,8 +429,9 @@ async def produce(ctx: RequestContext, request):
             if pipeline is None:
                 pipeline = _pipelines[p.bucket] = _Pipeline()
             await pipeline.settle(PIPELINE_DEPTH)
-            job = broker.cpu_executor.submit(_append_after, broker, loop, p, lat.get(p.topic), pipeline.tail)
-            waiter = asyncio.wrap_future(job)
+            waiter = loop.create_future()
+            job = broker.cpu_executor.submit(_append_after, broker, loop, p, lat.get(p.topic), pipeline.tail,
+                                             waiter)
             pipeline.jobs.append((job, waiter))
             pipeline.tail = job
             pending.append(waiter)

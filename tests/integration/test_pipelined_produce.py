@@ -6,11 +6,17 @@ import json
 import random
 import time
 
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from fluvial.protocol.errors import ErrorCode
+from fluvial.protocol.messages import ApiKey
+from tests.integration.test_bad_input import RawClient, produce_body
 
 from tests.integration.test_typed_tables import consume
 from tests.unit.test_schema_codecs import SCHEMA20, make_record
@@ -81,3 +87,38 @@ def test_raw_table_requests_in_flight_are_appended_in_order(broker, topic_name):
     reports = produce_in_bursts(broker.bootstrap, topic_name, values, "1")
     assert all(isinstance(r, int) for r in reports)
     check_in_order(broker.bootstrap, topic_name, values, reports)
+
+
+@pytest.mark.parametrize("acks, records", [(-1, 2_000), (1, 2_000), (-1, 5)])
+def test_typed_batch_with_wrong_crc_is_corrupt_message_and_nothing_written(broker, topic_name, acks, records):
+    """A typed table's CRC is checked on the executor (before the decode), whichever way the
+    batch goes there (pipelined, or appended on the loop): a mismatch is still refused with
+    CORRUPT_MESSAGE, nothing is appended, and the next batch takes the next offset."""
+    sr = SchemaRegistryClient({"url": broker.http_url})
+    ser = AvroSerializer(sr, json.dumps(SCHEMA20))
+    ctx = SerializationContext(topic_name, MessageField.VALUE)
+    rng = random.Random(17)
+    values = [ser(make_record(rng, i), ctx) for i in range(records)]
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    p.produce(topic_name, value=values[0], partition=0)  # the table (typed) and offset 0
+    assert p.flush(30) == 0
+
+    def batch() -> bytearray:
+        b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                      producer_epoch=-1, base_sequence=-1, batch_size=1 << 24)
+        for i, v in enumerate(values):
+            b.append(i, timestamp=1_700_000_000_000 + i, key=None, value=v, headers=[])
+        return bytearray(b.build())
+
+    c = RawClient(broker.bootstrap)
+    corrupt = batch()
+    corrupt[len(corrupt) // 2] ^= 0x01  # inside a value: still decodable Avro, only the CRC tells
+    for _ in range(2):  # twice in a row: the refused job does not hold up the bucket's next one
+        r = c.request(ApiKey.PRODUCE, 9, dict(produce_body(topic_name, bytes(corrupt)), acks=acks))
+        assert r.responses[0].partition_responses[0].error_code == ErrorCode.CORRUPT_MESSAGE
+    good = c.request(ApiKey.PRODUCE, 9, dict(produce_body(topic_name, bytes(batch())), acks=acks))
+    pr = good.responses[0].partition_responses[0]
+    assert (pr.error_code, pr.base_offset) == (0, 1)
+    c.close()
+    got = consume(broker.bootstrap, topic_name, 1 + records)
+    assert [m.value() for m in got] == [values[0], *values]
