@@ -1,7 +1,7 @@
 """Produce: verify each partition's batch, convert it to Arrow, append, acknowledge.
 
-Per partition: one v2 batch (v3+), CRC-32C checked (a typed table's on the executor,
-before its decode), size checked, converted to the
+Per partition: one v2 batch (v3+), size checked, CRC-32C checked (where the batch is
+converted, before its decode: on the executor for large and typed batches), converted to the
 stored Arrow batch off the event loop, then appended in request order. acks=0 gets no
 response; acks=all waits for the bucket's group-commit fsync (flush policy "ack").
 """
@@ -59,7 +59,6 @@ class _Part:
     wire: bytearray | None = None
     header: object = None
     converted: object = None  # (records, meta) | FluvialError
-    crc_pending: bool = False  # the CRC is verified by `_convert`, off the loop (a typed table's batch)
     written: object = None  # BatchMeta, when appended on the executor that converted it
     handed_back: bool = False  # `written` handed to the table's kind on the loop (`_hand_back`)
 
@@ -98,13 +97,8 @@ def _prepare(ctx: RequestContext, topic: str, index: int, records) -> _Part:
         if len(batches) != 1:
             raise InvalidRecordError("a produce request (v3+) must carry exactly one record batch per partition")
         header = parse_batch_header(batches[0])
-        if table.value_format is not kafka_batches.RAW and not header.is_control:
-            # Always converted on the executor (see `produce`): its CRC is checked there,
-            # before the decode, and a mismatch is refused as here (nothing appended).
-            part.crc_pending = True
-        else:
-            verify_crc(batches[0], header)
         if header.is_control:
+            verify_crc(batches[0], header)  # a damaged marker is refused as damaged
             # Commit and abort markers are the transaction coordinator's alone: a client's
             # would end (or forge the end of) a transaction in a read_committed reader's view.
             raise InvalidRecordError("control batches are written by the broker only, not produced by clients")
@@ -122,8 +116,9 @@ def _convert(part: _Part, log_append_time: int | None, coalesced: bool = False) 
     ``ack``); a small raw-table batch is then only checked here, and converted to Arrow by
     the log tablet together with the others of its flush window."""
     try:
-        if part.crc_pending:
-            verify_crc(part.wire, part.header)
+        # Every produced batch's CRC is checked here, first: on the executor for the batches
+        # converted there, so the loop does not spend its time on it.
+        verify_crc(part.wire, part.header)
         part.converted = part.bucket.table.kind.decode_produced(part.bucket, memoryview(part.wire), part.header,
                                                                 log_append_time_ms=log_append_time,
                                                                 coalesced=coalesced)

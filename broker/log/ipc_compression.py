@@ -208,7 +208,8 @@ def compress_record_batch(batch: pa.RecordBatch, custom_metadata: dict[bytes, by
     """The IPC message of ``batch`` with its buffers compressed by zstd at ``level`` and
     ``custom_metadata`` in its header. Each buffer is a frame of its own (a reader
     decompresses only the columns it asks for); one that would not shrink by at least
-    1/MIN_SAVING_FRACTION is stored as it is, and so is that buffer of this schema's next INCOMPRESSIBLE_SKIP_BATCHES batches.
+    1/MIN_SAVING_FRACTION is stored as it is, and so is that buffer of this schema's next
+    INCOMPRESSIBLE_SKIP_BATCHES batches.
     ``schema``: the one schema object the caller keeps for batches of this schema (equal
     to the batch's), under which that is remembered; by default the batch's own.
     ``delta``: offsets buffers delta-coded (see the module's description); a schema with

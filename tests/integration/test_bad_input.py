@@ -153,13 +153,14 @@ def test_unsupported_fetch_version_closes_connection(broker):
     assert_still_serving(broker)
 
 
-def test_wrong_crc_is_corrupt_message_and_nothing_written(broker, topic):
+@pytest.mark.parametrize("records", [3, 5_000])  # converted on the loop; on the executor (over 16 KiB)
+def test_wrong_crc_is_corrupt_message_and_nothing_written(broker, topic, records):
     c = RawClient(broker.bootstrap)
-    batch = bytearray(make_batch())
+    batch = bytearray(make_batch(records))
     batch[-1] ^= 0xFF  # flip a byte inside the CRC-covered part
     r = c.request(ApiKey.PRODUCE, 9, produce_body(topic, bytes(batch)))
     assert r.responses[0].partition_responses[0].error_code == ErrorCode.CORRUPT_MESSAGE
-    good = c.request(ApiKey.PRODUCE, 9, produce_body(topic, make_batch()))
+    good = c.request(ApiKey.PRODUCE, 9, produce_body(topic, make_batch(records)))
     pr = good.responses[0].partition_responses[0]
     assert (pr.error_code, pr.base_offset) == (0, 0)
 
