@@ -67,12 +67,23 @@ def side_by_side(results: list[dict]) -> list[str]:
                         for s in others]
                 lines.append("| " + " | ".join(row) + " |")
     lines.append("")
-    machine = results[0]["machine"]
-    lines.append(f"Machine: {machine['cpu']}, {machine['logical_cores']} cores; median of the counted rounds; "
+    lines.append(f"{_machines(results)}; median of the counted rounds; "
                  f"ratio = Fluvial / Kafka per round pair (median, min–max). Load average (1 min) at "
                  f"start–end: {'; '.join(loads) or 'not recorded'}.")
     lines.append("")
     return lines
+
+
+def _machines(results: list[dict]) -> str:
+    """The machine the workloads ran on, or each machine with its workloads when the saved
+    results come from more than one."""
+    by_machine: dict[str, list[str]] = {}
+    for data in results:
+        machine = data["machine"]
+        by_machine.setdefault(f"{machine['cpu']}, {machine['logical_cores']} cores", []).append(data["workload"])
+    if len(by_machine) == 1:
+        return f"Machine: {next(iter(by_machine))}"
+    return "Machines: " + "; ".join(f"{name} ({', '.join(workloads)})" for name, workloads in by_machine.items())
 
 
 # --- standalone scripts ---------------------------------------------------------------------------

@@ -53,3 +53,11 @@ def test_a_figure_marker_is_filled_scaled_reduced_and_formatted(tmp_path):
         doc_figures.render("<!-- fig r.json a -->?<!-- /fig -->", tmp_path)   # not a number
     with pytest.raises(doc_figures.FigureError):
         doc_figures.render("<!-- fig r.json a.bytes|mean -->?<!-- /fig -->", tmp_path)
+
+
+def test_the_machine_line_names_each_machine_with_its_workloads():
+    one = {"machine": {"cpu": "CPU A", "logical_cores": 2}}
+    results = [{**one, "workload": "w1"}, {**one, "workload": "w2"},
+               {"machine": {"cpu": "CPU B", "logical_cores": 2}, "workload": "w3"}]
+    assert readme_figures._machines(results[:2]) == "Machine: CPU A, 2 cores"
+    assert readme_figures._machines(results) == "Machines: CPU A, 2 cores (w1, w2); CPU B, 2 cores (w3)"
