@@ -163,7 +163,21 @@ def test_kv_and_remote_log_metrics(fresh_broker, topic_name):
             break
         time.sleep(0.3)
     assert remote >= 2
-    assert s.value("fluvial_bucket_size_bytes", table=topic_name, bucket="0", tier="remote") > 16384
+    # The remote size is the uploaded segments' bytes (their Parquet files, not the local
+    # bytes), read once the listing and the scrape agree on how many there are.
+    with connect(b.flight_url) as client:
+        deadline = time.monotonic() + 30
+        while True:
+            listing = client._action("remote-segments", {"name": topic_name, "table": topic_name, "bucket": 0,
+                                                         "start": 0})["segments"]
+            s = Scrape(b.http_url)
+            counted = s.value("fluvial_bucket_segments", table=topic_name, bucket="0", tier="remote")
+            if counted == len(listing) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert counted == len(listing) >= 2
+    assert s.value("fluvial_bucket_size_bytes", table=topic_name, bucket="0", tier="remote") == \
+        sum(segment["size_bytes"] for segment in listing) > 0
     assert s.value("fluvial_bucket_high_watermark", table=topic_name, bucket="0") == 80
     # What is not yet tiered: at most the active segment.
     assert 0 <= s.value("fluvial_remote_log_lag_records", table=topic_name, bucket="0") < 80

@@ -21,7 +21,10 @@ from tests.support.broker_process import BrokerProcess  # noqa: E402
 COLUMNS = ["id", "city", "amount", "_bucket", "_offset"]
 BUCKETS = 2
 # Small segments roll often; local.retention.ms=0 drops each local copy once it is uploaded.
-REMOTE = {"remote.storage.enable": "true", "segment.bytes": str(16 * 1024),
+# 8 KiB: a bucket's 750 rows of one produce take about 5 KiB stored, so the second of them
+# after the lake's end rolls the segment (at 16 KiB three of them fit, and nothing past the
+# lake's end was tiered).
+REMOTE = {"remote.storage.enable": "true", "segment.bytes": str(8 * 1024),
           "local.retention.ms": "0", "retention.ms": "-1"}
 
 
@@ -63,7 +66,12 @@ def test_union_of_lake_and_remote_segments_equals_kafka_read(broker, spark):
         t = client.table(name)
         lake_end = dict(t.lake_info().offsets)
         assert sum(lake_end.values()) == 1500
-        produce_json(broker, name, range(1500, 6000), BUCKETS)
+        # Three flushed produces: each bucket gets at least three batches of ~5 KiB, so a
+        # segment past the lake's end closes (and is tiered) however the client batched them
+        # (one produce of it all may reach a bucket as a single batch, which no segment size
+        # rolls before a next append).
+        for start in (1500, 3000, 4500):
+            produce_json(broker, name, range(start, start + 1500), BUCKETS)
         logs = wait_remote_past(client, name, lake_end)
         expected = kafka_rows(broker, name)
         assert len(expected) == 6000
