@@ -25,7 +25,8 @@ from pathlib import Path
 from benchmarks import clients, machine
 from benchmarks.brokers import FLUVIAL_DEFAULT, make_workdir, remove_workdir, start_system
 from benchmarks.profile_typed_produce import thread_roles
-from benchmarks.workloads.avro_common import avro_values, produce_values, register_value_schema
+from benchmarks.workloads import Scale
+from benchmarks.workloads.avro_common import avro_values, create_avro_topic, produce_values
 
 # Kernel command-line settings that decide how runnable threads get a core on a VM.
 _KERNEL_FLAGS = ("sched_vcpu_pack", "haltpoll.guest_halt_poll_ns", "cpuidle_haltpoll.force", "idle")
@@ -48,8 +49,9 @@ def thread_sched(pid: int) -> dict[int, tuple[int, int, int, int]]:
 
 
 def machine_idle_jiffies() -> tuple[int, int]:
-    """(idle + iowait, total) jiffies of all CPUs so far."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    """(idle + iowait, total) jiffies of all CPUs so far. The total is user to steal: the
+    guest fields that follow are counted in user and nice already."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     return fields[3] + fields[4], sum(fields)
 
 
@@ -60,12 +62,11 @@ def kernel_flags() -> dict[str, str]:
 
 
 def one_run(broker, data, records: int) -> dict:
-    topic = clients.unique_name("probe-sched")
-    values = data.framed_for(register_value_schema(broker, topic))
-    clients.create_topic(broker.bootstrap, topic, 1)
+    scale = Scale(quick=False)
+    topic, values = create_avro_topic(broker, "probe-sched", True, scale, data)
     before, idle_before, client_before = thread_sched(broker.pid), machine_idle_jiffies(), os.times()
     start = time.perf_counter()
-    figures = produce_values(broker.bootstrap, topic, values, 300).figures()
+    figures = produce_values(broker.bootstrap, topic, values, scale.timeout_s).figures()
     elapsed = time.perf_counter() - start
     after, idle_after, client_after = thread_sched(broker.pid), machine_idle_jiffies(), os.times()
     roles = thread_roles(broker.pid)

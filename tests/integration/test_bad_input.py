@@ -221,24 +221,24 @@ def test_describe_topic_partitions_answers_like_kafka(broker, topic):
 
 # Offsets in a v2 batch header: attributes (int16) at 21, producer id (int64) at 43, producer
 # epoch (int16) at 51, base sequence (int32) at 53. All lie inside the CRC-covered part.
-@pytest.mark.parametrize("field,offset,fmt,value", [
-    ("transactional bit", 21, ">h", 0x10),
-    ("unknown compression codec", 21, ">h", 0x07),
-    ("log-append-time bit", 21, ">h", 0x08),
-    ("producer id", 43, ">q", 12345),
-    ("producer epoch and id", 43, ">qhi", (777, 3, 5)),
+def _attribute_bits(bits: int):
+    return lambda batch: struct.pack_into(">h", batch, 21, struct.unpack_from(">h", batch, 21)[0] | bits)
+
+
+@pytest.mark.parametrize("field,damage", [
+    ("transactional bit", _attribute_bits(0x10)),
+    ("unknown compression codec", _attribute_bits(0x07)),
+    ("log-append-time bit", _attribute_bits(0x08)),
+    ("producer id", lambda batch: struct.pack_into(">q", batch, 43, 12345)),
+    ("producer id, epoch and sequence", lambda batch: struct.pack_into(">qhi", batch, 43, 777, 3, 5)),
 ])
 @pytest.mark.parametrize("records", [3, 5_000])
-def test_header_damaged_inside_the_crc_is_corrupt_message(broker, topic, records, field, offset, fmt, value):
+def test_header_damaged_inside_the_crc_is_corrupt_message(broker, topic, records, field, damage):
     """A header field damaged on the way (inside what the CRC covers) is refused as a damaged
     batch, whatever the field would have made the broker do: CORRUPT_MESSAGE, nothing written."""
     c = RawClient(broker.bootstrap)
     batch = bytearray(make_batch(records))
-    if offset == 21:
-        (attributes,) = struct.unpack_from(">h", batch, 21)
-        struct.pack_into(">h", batch, 21, attributes | value)
-    else:
-        struct.pack_into(fmt, batch, offset, *(value if isinstance(value, tuple) else (value,)))
+    damage(batch)
     r = c.request(ApiKey.PRODUCE, 9, produce_body(topic, bytes(batch)))
     assert r.responses[0].partition_responses[0].error_code == ErrorCode.CORRUPT_MESSAGE, field
     good = c.request(ApiKey.PRODUCE, 9, produce_body(topic, make_batch(records)))
