@@ -64,6 +64,10 @@ def add_broker_parser(sub) -> argparse.ArgumentParser:
                    help="ack: acks=all produce is fsynced before acknowledged (default); interval: every "
                         "--flush-interval-ms; none: left to the OS, like Kafka's default")
     p.add_argument("--flush-interval-ms", type=int, default=d.flush_interval_ms)
+    p.add_argument("--fetch-read-ahead", choices=["on", "off"], default="on" if d.fetch_read_ahead else "off",
+                   help="on: a large fetch of a raw table's segments reads the next batches while its "
+                        "response travels, for the consumer's next fetch (default); off: each fetch reads "
+                        "for itself")
     p.add_argument("--retention-check-interval-ms", type=int, default=d.retention_check_interval_ms)
     p.add_argument("--log-cleaner-backoff-ms", type=int, default=d.log_cleaner_backoff_ms,
                    help="how often compacted tables are checked for cleaning (Kafka's log.cleaner.backoff.ms)")
@@ -124,6 +128,7 @@ def config_from_args(args, parser: argparse.ArgumentParser | None = None) -> Bro
                         slow_callback_ms=args.slow_callback_ms, event_loop=args.event_loop,
                         kafka_io=args.kafka_io,
                         flush_policy=args.flush_policy, flush_interval_ms=args.flush_interval_ms,
+                        fetch_read_ahead=args.fetch_read_ahead == "on",
                         retention_check_interval_ms=args.retention_check_interval_ms,
                         log_cleaner_backoff_ms=args.log_cleaner_backoff_ms,
                         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,

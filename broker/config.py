@@ -48,6 +48,9 @@ class BrokerConfig:
     # Topic config defaults set at runtime through dynamic broker configs (log.cleaner.*).
     topic_defaults: dict[str, str] = field(default_factory=dict)
     wire_cache_bytes: int = 64 * 1024 * 1024
+    # Large fetches of a raw table's segments read the next batches ahead while their
+    # response travels (broker/read_ahead.py PreparedReads); False: each fetch reads for itself.
+    fetch_read_ahead: bool = True
     advertised_host: str | None = None
     # Group coordinator (Kafka's names: group.initial.rebalance.delay.ms, ...).
     group_initial_rebalance_delay_ms: int = 3000

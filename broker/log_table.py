@@ -128,6 +128,9 @@ class LogTable(TableKind):
     def caches_reencoded(self, table) -> bool:
         return getattr(table.value_format, "name", "raw") == "avro" and table.config("compression.type") == "producer"
 
+    def prepares_reads(self, table) -> bool:
+        return not self.caches_reencoded(table)
+
 
 def _slice_to_fit(stored, offset: int, room: int, compression: str, leader_epoch: int, value_format,
                   whole_size: int) -> bytes | None:

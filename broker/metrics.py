@@ -23,6 +23,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from fluvial.broker import status
 from fluvial.broker.broker import on_http_app, on_start, on_stop
+from fluvial.broker.handlers.fetch import prepared_reads_counts
 from fluvial.broker.latency import FSYNC_LATENCY, LOOP_LAG_BOUNDS, LatencyStats
 from fluvial.protocol.errors import ErrorCode
 from fluvial.protocol.messages import ApiKey
@@ -127,6 +128,15 @@ class BrokerCollector:
                                          "TLS handshakes on the Kafka listener that failed or timed out.")
         tls_failed.add_metric([], self.broker.kafka.tls_handshake_failures)
         yield from (auth, tls_failed)
+        started, used = prepared_reads_counts(self.broker)
+        ahead = CounterMetricFamily("fluvial_fetch_reads_ahead",
+                                    "Large fetches of a table's segments that read the next batches ahead while "
+                                    "their response travelled (started), and next fetches answered with such a "
+                                    "read (used).",
+                                    labels=["outcome"])
+        ahead.add_metric(["started"], started)
+        ahead.add_metric(["used"], used)
+        yield ahead
         fsync = _histogram("fluvial_log_fsync_duration_seconds",
                            "Duration of one log tablet flush (fsync of its segments and directories).", [])
         _add_histogram(fsync, [], FSYNC_LATENCY)

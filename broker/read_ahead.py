@@ -46,3 +46,70 @@ class ReadAhead:
                 f.exception()  # retrieved: a failed read-ahead only costs the next fetch its own read
 
         task.add_done_callback(done)
+
+
+class PreparedReads:
+    """Read-ahead for fetches that read a table's segments without caching what they encode
+    (raw tables: the wire cache holds the producers' own batches for tailing consumers).
+
+    A consumer catching up keeps one fetch per broker in flight, so reading and encoding the
+    next megabyte took turns with the response's trip and the client's own work. After such a
+    fetch stopped short of the high watermark, the batches from where it stopped are read on
+    the CPU executor while its response travels, and held here, one read per bucket, outside
+    the wire cache (a catch-up read would otherwise evict what tailing consumers use). The
+    next fetch takes it only when it asks for exactly that read: the same offset and limit,
+    under the same leader epoch. Below the high watermark a read's batches do not change;
+    one that does not start where the fetch asks (the log's start moved past it) is not used.
+    At most MAX_HELD_BYTES of limits are held (the oldest reads are dropped), each at most
+    MAX_READ_BYTES, and none for longer than HOLD_S."""
+
+    MAX_READ_BYTES = 8 << 20
+    MAX_HELD_BYTES = 64 << 20
+    HOLD_S = 5.0
+
+    def __init__(self) -> None:
+        # id(bucket) -> (bucket, offset, limit, leader epoch, started (loop time), future)
+        self._reads: dict[int, tuple] = {}
+        self._held = 0
+        self.started = 0  # reads started ahead
+        self.used = 0  # fetches answered with one (counted by the fetch, once the read checked out)
+
+    def take(self, bucket, offset: int, limit: int, leader_epoch: int, now: float) -> asyncio.Future | None:
+        """The read held for this fetch, or None."""
+        entry = self._reads.get(id(bucket))
+        if entry is None or entry[0] is not bucket:
+            return None
+        if entry[1] != offset or entry[2] != limit or entry[3] != leader_epoch or now - entry[4] > self.HOLD_S:
+            if now - entry[4] > self.HOLD_S:
+                self._drop(id(bucket))
+            return None
+        self._drop(id(bucket))
+        return entry[5]
+
+    def start(self, bucket, offset: int, limit: int, leader_epoch: int, now: float,
+              launch: Callable[[], asyncio.Future]) -> None:
+        """Read ``limit`` bytes from ``offset`` ahead (``launch``), in place of the bucket's
+        earlier read if any."""
+        if limit > self.MAX_READ_BYTES:
+            return
+        self._drop(id(bucket))
+        while self._reads and self._held + limit > self.MAX_HELD_BYTES:
+            self._drop(next(iter(self._reads)))  # the oldest
+        future = launch()
+        future.add_done_callback(_retrieve)
+        self.started += 1
+        self._reads[id(bucket)] = (bucket, offset, limit, leader_epoch, now, future)
+        self._held += limit
+
+    def _drop(self, key: int) -> None:
+        entry = self._reads.pop(key, None)
+        if entry is not None:
+            self._held -= entry[2]
+
+    def __len__(self) -> int:
+        return len(self._reads)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # a failed read ahead only costs the next fetch its own read

@@ -106,6 +106,11 @@ class TableKind:
         """Fetches re-encode this table's values into the wire cache (worth reading ahead)."""
         return False
 
+    def prepares_reads(self, table) -> bool:
+        """Large fetches of this table's segments are worth reading ahead into a held read
+        (`PreparedReads`): its batches below the high watermark never change."""
+        return False
+
     # -- the table API ------------------------------------------------------------------------
     def check_appendable(self, table) -> None:
         """Raise when a table API append (plain rows, no merge) may not go to `table`."""

@@ -13,7 +13,7 @@ import weakref
 
 from fluvial.broker import kafka_batches
 from fluvial.broker.authorization import allowed
-from fluvial.broker.read_ahead import ReadAhead, next_offset
+from fluvial.broker.read_ahead import PreparedReads, ReadAhead, next_offset
 from fluvial.broker.handlers import RequestContext, handles
 from fluvial.errors import FluvialError, UnknownTableError
 from fluvial.protocol.errors import ErrorCode
@@ -134,6 +134,57 @@ def _avro_read_ahead(ctx: RequestContext, bucket) -> ReadAhead | None:
     return ahead
 
 
+_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # wire cache -> PreparedReads
+
+
+def _prepared_reads(ctx: RequestContext, bucket) -> PreparedReads | None:
+    """The broker's held reads, when this bucket's large fetches are worth reading ahead."""
+    table = bucket.table
+    if not table.kind.prepares_reads(table) or not ctx.broker.config.fetch_read_ahead:
+        return None
+    cache = ctx.broker.wire_cache
+    prepared = _PREPARED.get(cache)
+    if prepared is None:
+        prepared = _PREPARED[cache] = PreparedReads()
+    return prepared
+
+
+def prepared_reads_counts(broker) -> tuple[int, int]:
+    """(reads started ahead, fetches answered with one) since the broker started."""
+    prepared = _PREPARED.get(broker.wire_cache)
+    return (prepared.started, prepared.used) if prepared is not None else (0, 0)
+
+
+async def _read_large(ctx: RequestContext, bucket, offset: int, limit: int, min_one: bool, end: int,
+                      loop) -> tuple[list, int]:
+    """A large read (or a typed table's) on the CPU executor; for a table whose reads are
+    held (`PreparedReads`), the read prepared for this fetch when there is one, and the next
+    read started when this one stopped short of ``end``."""
+    prepared = _prepared_reads(ctx, bucket) if min_one else None
+    result = None
+    if prepared is not None:
+        held = prepared.take(bucket, offset, limit, bucket.leader_epoch, loop.time())
+        if held is not None:
+            try:
+                batches, size = await held
+            except Exception:  # noqa: BLE001 - read again below: this fetch meets the error itself
+                pass
+            else:
+                # As this fetch's own read would give: from the batch holding the offset, which
+                # the log still holds.
+                if batches and bucket.tablet.log_start_offset <= offset and \
+                        _BASE.unpack_from(batches[0], 0)[0] <= offset < next_offset(batches[0]):
+                    result = batches, size
+                    prepared.used += 1
+    if result is None:
+        result = await loop.run_in_executor(ctx.broker.cpu_executor, _read_bucket, ctx, bucket, offset, limit, min_one)
+    batches = result[0]
+    if prepared is not None and batches and (after := next_offset(batches[-1])) < end:
+        prepared.start(bucket, after, limit, bucket.leader_epoch, loop.time(),
+                       lambda: loop.run_in_executor(ctx.broker.cpu_executor, _read_bucket, ctx, bucket, after, limit))
+    return result
+
+
 async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, int]:
     results = []
     total = 0
@@ -178,8 +229,7 @@ async def _collect(ctx: RequestContext, request, wanted, loop) -> tuple[list, in
                     lambda b=bucket, o=p.fetch_offset, n=limit, m=min_one: _read_bucket(ctx, b, o, n, m))
             elif limit > 256 * 1024 or bucket.table.value_format is not kafka_batches.RAW:
                 # Large reads and typed tables (values re-encoded from columns) are CPU work.
-                batches, size = await loop.run_in_executor(
-                    ctx.broker.cpu_executor, _read_bucket, ctx, bucket, p.fetch_offset, limit, min_one)
+                batches, size = await _read_large(ctx, bucket, p.fetch_offset, limit, min_one, end, loop)
             else:
                 batches, size = _read_bucket(ctx, bucket, p.fetch_offset, limit, min_one)
             if ahead is not None and batches and (after := next_offset(batches[-1])) < end:
