@@ -15,7 +15,7 @@ import numpy as np
 
 from benchmarks import clients
 from benchmarks.brokers import RunningBroker
-from benchmarks.workloads import Case, Chart, Metric, Scale, Workload
+from benchmarks.workloads import Case, Chart, Metric, Scale, Workload, delete_topic_settled
 
 # records/s: the rate the goals are set at, and four times it (batches of about 100
 # records at linger.ms=5), where appending and fetching take a larger share of each interval.
@@ -163,7 +163,8 @@ def _run(broker: RunningBroker, scale: Scale, rate: int, keep: str | None = None
             if consumer.is_alive():
                 consumer.terminate()
                 consumer.join()
-            clients.delete_topic(broker.bootstrap, topic)
+            # As every other workload: the next system's round starts on a settled disk.
+            delete_topic_settled(broker, topic)
         if errors:
             raise clients.CaseFailed(f"e2e-latency: {len(errors)} delivery errors, first: {errors[0]}")
         if not Path(out_path).exists():
