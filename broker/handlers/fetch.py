@@ -127,11 +127,15 @@ def _avro_read_ahead(ctx: RequestContext, bucket) -> ReadAhead | None:
     table = bucket.table
     if not table.kind.caches_reencoded(table):
         return None
-    cache = ctx.broker.wire_cache
-    ahead = _READ_AHEAD.get(cache)
-    if ahead is None:
-        ahead = _READ_AHEAD[cache] = ReadAhead()
-    return ahead
+    return _of_broker(_READ_AHEAD, ctx.broker, ReadAhead)
+
+
+def _of_broker(registry: weakref.WeakKeyDictionary, broker, make):
+    """The broker's own object of a registry (kept per wire cache: one per broker)."""
+    found = registry.get(broker.wire_cache)
+    if found is None:
+        found = registry[broker.wire_cache] = make()
+    return found
 
 
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # wire cache -> PreparedReads
@@ -142,11 +146,7 @@ def _prepared_reads(ctx: RequestContext, bucket) -> PreparedReads | None:
     table = bucket.table
     if not table.kind.prepares_reads(table) or not ctx.broker.config.fetch_read_ahead:
         return None
-    cache = ctx.broker.wire_cache
-    prepared = _PREPARED.get(cache)
-    if prepared is None:
-        prepared = _PREPARED[cache] = PreparedReads()
-    return prepared
+    return _of_broker(_PREPARED, ctx.broker, PreparedReads)
 
 
 def prepared_reads_counts(broker) -> tuple[int, int]:

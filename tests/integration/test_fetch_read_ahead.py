@@ -5,22 +5,12 @@ from __future__ import annotations
 
 import os
 import time
-import urllib.request
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from tests.integration.test_metrics import Scrape
+
 RECORDS = 4000
-
-
-def _reads_ahead(http_url: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{http_url}/metrics", timeout=30) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("fluvial_fetch_reads_ahead_total{"):
-            labels, value = line.rsplit(" ", 1)
-            out[labels.split('outcome="')[1].split('"')[0]] = float(value)
-    return out
 
 
 def test_a_catching_up_consumer_reads_every_record_as_produced(fresh_broker, topic_name):
@@ -48,6 +38,7 @@ def test_a_catching_up_consumer_reads_every_record_as_produced(fresh_broker, top
             got.append((m.offset(), m.key(), m.value(), m.headers() or []))
     consumer.close()
     assert got == sent
-    counts = _reads_ahead(broker.http_url)
+    scrape = Scrape(broker.http_url)
+    used = scrape.value("fluvial_fetch_reads_ahead_total", outcome="used")
     # About 4 MB in fetches of 1 MiB: the reads after the first were read ahead.
-    assert counts["used"] >= 2 and counts["started"] >= counts["used"]
+    assert used >= 2 and scrape.value("fluvial_fetch_reads_ahead_total", outcome="started") >= used
