@@ -42,8 +42,7 @@ class ReadAhead:
         def done(f: asyncio.Future) -> None:
             if self._pending.get(key) is f:
                 del self._pending[key]
-            if not f.cancelled():
-                f.exception()  # retrieved: a failed read-ahead only costs the next fetch its own read
+            _retrieve(f)
 
         task.add_done_callback(done)
 
@@ -79,9 +78,10 @@ class PreparedReads:
         entry = self._reads.get(id(bucket))
         if entry is None or entry[0] is not bucket:
             return None
-        if entry[1] != offset or entry[2] != limit or entry[3] != leader_epoch or now - entry[4] > self.HOLD_S:
-            if now - entry[4] > self.HOLD_S:
-                self._drop(id(bucket))
+        if now - entry[4] > self.HOLD_S:
+            self._drop(id(bucket))
+            return None
+        if entry[1:4] != (offset, limit, leader_epoch):
             return None
         self._drop(id(bucket))
         return entry[5]
@@ -111,5 +111,6 @@ class PreparedReads:
 
 
 def _retrieve(future: asyncio.Future) -> None:
+    """Retrieve a read-ahead's failure: it only costs the next fetch its own read."""
     if not future.cancelled():
-        future.exception()  # a failed read ahead only costs the next fetch its own read
+        future.exception()
