@@ -21,6 +21,8 @@ import statistics
 import urllib.request
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from benchmarks import clients, machine
 from benchmarks.brokers import FLUVIAL_DEFAULT, KAFKA, make_workdir, remove_workdir, start_fluvial, start_system
 
@@ -30,14 +32,11 @@ SYSTEMS = ("kafka", "fluvial", "fluvial-no-read-ahead")
 
 
 def reads_ahead(http_url: str) -> dict[str, float]:
+    """The broker's `fluvial_fetch_reads_ahead_total` by outcome."""
     with urllib.request.urlopen(f"{http_url}/metrics", timeout=30) as r:
         text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("fluvial_fetch_reads_ahead_total{"):
-            labels, value = line.rsplit(" ", 1)
-            out[labels.split('outcome="')[1].split('"')[0]] = float(value)
-    return out
+    return {sample.labels["outcome"]: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == "fluvial_fetch_reads_ahead_total"}
 
 
 def main() -> None:
