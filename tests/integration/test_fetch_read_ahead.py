@@ -19,23 +19,27 @@ from tests.support.kafka_wire import WireClient
 RECORDS = 4000
 
 
-def test_a_catching_up_consumer_reads_every_record_as_produced(fresh_broker, topic_name):
-    broker = fresh_broker()
+def _produce_then_restart(broker, topic: str) -> list:
+    """About 4 MB of records (some without key or value, some with headers), then a restart:
+    the wire cache starts empty, so every fetch reads the segments. The records sent."""
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20, "batch.size": 1_000_000})
     sent = []
     for i in range(RECORDS):
         key = None if i % 7 == 0 else f"k{i}".encode()
         value = os.urandom(1000) if i % 11 else None
         headers = [("h", f"{i}".encode())] if i % 3 == 0 else None
-        producer.produce(topic_name, value=value, key=key, headers=headers)
+        producer.produce(topic, value=value, key=key, headers=headers)
         sent.append((i, key, value, headers or []))
         if i % 500 == 0:
             producer.poll(0)
     assert producer.flush(60) == 0
-    broker.restart()  # the wire cache starts empty: every fetch reads the segments
+    broker.restart()
+    return sent
 
+
+def _consume_all(broker, topic: str) -> list:
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "read-ahead", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic_name, 0, 0)])
+    consumer.assign([TopicPartition(topic, 0, 0)])
     got = []
     deadline = time.monotonic() + 60
     while len(got) < RECORDS and time.monotonic() < deadline:
@@ -43,11 +47,25 @@ def test_a_catching_up_consumer_reads_every_record_as_produced(fresh_broker, top
             assert m.error() is None, m.error()
             got.append((m.offset(), m.key(), m.value(), m.headers() or []))
     consumer.close()
+    return got
+
+
+def test_a_catching_up_consumer_reads_every_record_as_produced(fresh_broker, topic_name):
+    broker = fresh_broker()
+    sent = _produce_then_restart(broker, topic_name)
+    got = _consume_all(broker, topic_name)
     assert got == sent
     scrape = Scrape(broker.http_url)
     used = scrape.value("fluvial_fetch_reads_ahead_total", outcome="used")
     # About 4 MB in fetches of 1 MiB: the reads after the first were read ahead.
     assert used >= 2 and scrape.value("fluvial_fetch_reads_ahead_total", outcome="started") >= used
+
+
+def test_with_the_read_ahead_off_each_fetch_reads_for_itself(fresh_broker, topic_name):
+    broker = fresh_broker("--fetch-read-ahead", "off")
+    sent = _produce_then_restart(broker, topic_name)
+    assert _consume_all(broker, topic_name) == sent
+    assert Scrape(broker.http_url).value("fluvial_fetch_reads_ahead_total", outcome="started") == 0
 
 
 def _fetch(client: WireClient, topic: str, offset: int, limit: int = 1 << 20):
