@@ -8,7 +8,10 @@ rather than Fluvial's 64 MiB wire cache); then `--rounds` rounds each read the t
 with confluent-kafka on every broker, in an order that rotates round by round. Figures:
 records/s per read (timed as consume-raw times them), the median per system, the median of
 the per-round ratios (Fluvial with read-ahead / Kafka, with / without), and Fluvial's
-`fluvial_fetch_reads_ahead_total` counts. Saves results/fetch-read-ahead.json.
+`fluvial_fetch_reads_ahead_total` counts; also the CPU per record read (user + system) of
+each broker process and of this process (the consumer, librdkafka's threads included) over
+each read, the median per system: which side a read is bound by. Saves
+results/fetch-read-ahead.json.
 
     python -m benchmarks.bench_fetch_read_ahead [--records 200000] [--rounds 7]
 """
@@ -20,6 +23,8 @@ import os
 import statistics
 import urllib.request
 from pathlib import Path
+
+import psutil
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -37,6 +42,12 @@ def reads_ahead(http_url: str) -> dict[str, float]:
         text = r.read().decode()
     return {sample.labels["outcome"]: sample.value for family in text_string_to_metric_families(text)
             for sample in family.samples if sample.name == "fluvial_fetch_reads_ahead_total"}
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    """User + system CPU seconds of ``process`` (all its threads) so far."""
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def main() -> None:
@@ -63,10 +74,16 @@ def main() -> None:
             clients.produce_confluent(broker.bootstrap, topic, args.records, SIZE, 300)
             topics[name] = topic
         rounds: dict[str, list[float]] = {name: [] for name in SYSTEMS}
+        cpu_us: dict[str, dict[str, list[float]]] = {name: {"broker": [], "consumer": []} for name in SYSTEMS}
+        consumer = psutil.Process()
         for r in range(args.rounds):
             order = SYSTEMS[r % len(SYSTEMS):] + SYSTEMS[:r % len(SYSTEMS)]
             for name in order:
+                process = psutil.Process(brokers[name].pid)
+                broker_before, consumer_before = _cpu_s(process), _cpu_s(consumer)
                 figures = clients.consume_confluent(brokers[name].bootstrap, topics[name], args.records, 1, 300).figures()
+                cpu_us[name]["broker"].append((_cpu_s(process) - broker_before) / args.records * 1e6)
+                cpu_us[name]["consumer"].append((_cpu_s(consumer) - consumer_before) / args.records * 1e6)
                 rounds[name].append(figures["records/s"])
             print(f"round {r}: " + ", ".join(f"{n} {rounds[n][-1]:,.0f}" for n in SYSTEMS), flush=True)
         counts = {name: reads_ahead(brokers[name].http_url)
@@ -86,12 +103,15 @@ def main() -> None:
         "workload": "fetch-read-ahead", "machine": machine.describe(),
         "settings": {"records": args.records, "value_bytes": SIZE, "rounds": args.rounds, "client": "confluent-kafka",
                      "consumer": "defaults (1 MiB per partition), partitions assigned from the beginning"},
-        "records_per_s": {name: {"rounds": [round(v) for v in values], "median": round(statistics.median(values))}
+        "records_per_s": {name: {"rounds": [round(v) for v in values], "median": round(statistics.median(values)),
+                                 "min": round(min(values)), "max": round(max(values))}
                           for name, values in rounds.items()},
         "ratio_fluvial_to_kafka": ratios("fluvial", "kafka"),
         "ratio_no_read_ahead_to_kafka": ratios("fluvial-no-read-ahead", "kafka"),
         "ratio_read_ahead_on_to_off": ratios("fluvial", "fluvial-no-read-ahead"),
         "reads_ahead": counts,
+        "cpu_us_per_record": {name: {side: round(statistics.median(values), 3) for side, values in sides.items()}
+                              for name, sides in cpu_us.items()},
         "loadavg_before": load_before, "loadavg": os.getloadavg(),
     }
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")

@@ -2,7 +2,10 @@
 Avro records (the produce-avro workload's values) -> the stored Arrow batch -> the segment
 bytes, for the compiled and the NumPy Avro decoder and each storage codec.
 
-Steps: `records` (Kafka records -> columns, `decode_records`), `avro` (values -> typed
+Steps: `whole_job` (what a CPU executor thread does for one produce request of a typed
+table, in one thread of this process: the batch's CRC check, `to_arrow`, and
+`LogTablet.append` into a log tablet in a temporary directory, that is statistics, the
+zstd IPC write, checksum and page-cache write; no fsync), `records` (Kafka records -> columns, `decode_records`), `avro` (values -> typed
 columns, `TypedValueFormat.to_columns`; `avro_compiled_one_pass` against
 `avro_compiled_general_path`: the one compiled pass over framed values of one writer schema
 against the general path that mixed or faulty batches take, measured alternately), `to_arrow` (the whole conversion, both of those
@@ -38,12 +41,15 @@ from benchmarks.avro_records import SCHEMA20, confluent_wire, make_record
 from benchmarks.workloads.avro_common import PAD_BY_SIZE as PADS  # values of about 200 B and 1 KB
 from fluvial.broker import kafka_batches
 from fluvial.broker.log.batch_meta import BatchMeta
+from fluvial.broker.log.config import LogConfig
 from fluvial.broker.log import ipc_compression
 from fluvial.broker.log.ipc_compression import compress_record_batch
 from fluvial.broker.log.segment_format import encode_batch
 from fluvial.broker.log.statistics import compute_stats, stats_columns
+from fluvial.broker.log.tablet import LogTablet
 from fluvial.broker.metadata import MetadataStore
-from fluvial.protocol.records import Compression, RecordColumns, build_batch, decode_records, parse_batch_header
+from fluvial.protocol.records import (Compression, RecordColumns, build_batch, decode_records, parse_batch_header,
+                                     verify_crc)
 from fluvial.schema import avro_binary
 from fluvial.schema.codecs import value_codec
 from fluvial.schema.registry import SchemaRegistry, parse_schema
@@ -136,6 +142,18 @@ def run_size(size: int, n: int, runs: int, fmt: TypedValueFormat, sid: int) -> d
     cols = decode_records(view, header)
     out: dict = {"value_bytes_avg": round(sum(map(len, values)) / n, 1), "records": n}
     steps: dict = {}
+    with tempfile.TemporaryDirectory() as tablet_dir:
+        tablet = LogTablet.open(Path(tablet_dir) / "bucket-0", LogConfig())
+
+        def whole_job() -> None:
+            verify_crc(view, header)
+            tablet.append(*kafka_batches.to_arrow(view, header, value_format=fmt), leader_epoch=0)
+
+        try:
+            whole_job()  # the segment's creation, the stored schema's first sight
+            steps["whole_job"] = cpu_ms(whole_job, runs)
+        finally:
+            tablet.close()
     steps["records"] = cpu_ms(lambda: decode_records(view, header), runs)
     for label, native in (("compiled", True), ("numpy", False)):
         saved, avro_binary.USE_NATIVE = avro_binary.USE_NATIVE, native and avro_binary._native is not None

@@ -69,7 +69,11 @@ def side_by_side(results: list[dict]) -> list[str]:
     lines.append("")
     lines.append(f"{_machines(results)}; median of the counted rounds; "
                  f"ratio = Fluvial / Kafka per round pair (median, min–max). Load average (1 min) at "
-                 f"start–end: {'; '.join(loads) or 'not recorded'}.")
+                 f"start–end: {'; '.join(loads) or 'not recorded'}. "
+                 f"Broker peak RSS is the resident set as the kernel counts it: Fluvial's includes the "
+                 f"pages of the segments it has memory-mapped to read them (page cache, shared with the "
+                 f"kernel and dropped under memory pressure), so on the read workloads it grows with the "
+                 f"data read; Kafka sends its segments with sendfile and maps none of them.")
     lines.append("")
     return lines
 
