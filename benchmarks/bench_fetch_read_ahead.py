@@ -24,8 +24,6 @@ import statistics
 import urllib.request
 from pathlib import Path
 
-import psutil
-
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import clients, machine
@@ -42,12 +40,6 @@ def reads_ahead(http_url: str) -> dict[str, float]:
         text = r.read().decode()
     return {sample.labels["outcome"]: sample.value for family in text_string_to_metric_families(text)
             for sample in family.samples if sample.name == "fluvial_fetch_reads_ahead_total"}
-
-
-def _cpu_s(process: psutil.Process) -> float:
-    """User + system CPU seconds of ``process`` (all its threads) so far."""
-    times = process.cpu_times()
-    return times.user + times.system
 
 
 def main() -> None:
@@ -75,15 +67,15 @@ def main() -> None:
             topics[name] = topic
         rounds: dict[str, list[float]] = {name: [] for name in SYSTEMS}
         cpu_us: dict[str, dict[str, list[float]]] = {name: {"broker": [], "consumer": []} for name in SYSTEMS}
-        consumer = psutil.Process()
+        consumer = os.getpid()
         for r in range(args.rounds):
             order = SYSTEMS[r % len(SYSTEMS):] + SYSTEMS[:r % len(SYSTEMS)]
             for name in order:
-                process = psutil.Process(brokers[name].pid)
-                broker_before, consumer_before = _cpu_s(process), _cpu_s(consumer)
+                pid = brokers[name].pid
+                broker_before, consumer_before = machine.process_cpu_s(pid), machine.process_cpu_s(consumer)
                 figures = clients.consume_confluent(brokers[name].bootstrap, topics[name], args.records, 1, 300).figures()
-                cpu_us[name]["broker"].append((_cpu_s(process) - broker_before) / args.records * 1e6)
-                cpu_us[name]["consumer"].append((_cpu_s(consumer) - consumer_before) / args.records * 1e6)
+                cpu_us[name]["broker"].append((machine.process_cpu_s(pid) - broker_before) / args.records * 1e6)
+                cpu_us[name]["consumer"].append((machine.process_cpu_s(consumer) - consumer_before) / args.records * 1e6)
                 rounds[name].append(figures["records/s"])
             print(f"round {r}: " + ", ".join(f"{n} {rounds[n][-1]:,.0f}" for n in SYSTEMS), flush=True)
         counts = {name: reads_ahead(brokers[name].http_url)

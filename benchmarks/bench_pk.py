@@ -57,12 +57,6 @@ def _profiler(pid: int, out: Path | None):
                              "--output", str(out), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _stop(proc) -> None:
     if proc is not None:
         proc.send_signal(signal.SIGINT)
@@ -244,35 +238,35 @@ def main() -> None:
                 profiled = args.warmup if args.warmup else min(1, args.rounds - 1)
                 for r in range(args.warmup + args.rounds):
                     p = _profiler(broker.proc.pid, prof("lookup") if r == profiled else None)
-                    cpu0, client0 = _cpu_s(broker.proc.pid), time.process_time()
+                    cpu0, client0 = machine.process_cpu_s(broker.proc.pid), time.process_time()
                     start = time.perf_counter()
                     found = 0
                     for keys in lookup_keys:
                         found += t.lookup(keys).num_rows
                     rates.append(1000 * args.lookup_batches / (time.perf_counter() - start))
-                    batch_cpu.append(((_cpu_s(broker.proc.pid) - cpu0) / args.lookup_batches,
+                    batch_cpu.append(((machine.process_cpu_s(broker.proc.pid) - cpu0) / args.lookup_batches,
                                       (time.process_time() - client0) / args.lookup_batches))
                     _stop(p)
                     assert found == 1000 * args.lookup_batches, found
                     # The same batches pipelined (Table.lookup_batches, 2 in flight): an extra
                     # row, not the batched figure (that one stays one lookup at a time).
-                    cpu0, client0 = _cpu_s(broker.proc.pid), time.process_time()
+                    cpu0, client0 = machine.process_cpu_s(broker.proc.pid), time.process_time()
                     start = time.perf_counter()
                     found = sum(rows.num_rows for rows in t.lookup_batches(lookup_keys, in_flight=2))
                     pipelined.append(1000 * args.lookup_batches / (time.perf_counter() - start))
-                    pipelined_cpu.append(((_cpu_s(broker.proc.pid) - cpu0) / args.lookup_batches,
+                    pipelined_cpu.append(((machine.process_cpu_s(broker.proc.pid) - cpu0) / args.lookup_batches,
                                           (time.process_time() - client0) / args.lookup_batches))
                     assert found == 1000 * args.lookup_batches, found
                     ref_rates.append(ref.multi_gets())
                     p = _profiler(broker.proc.pid, prof("single") if r == profiled else None)
                     latencies = []
-                    cpu0, client0 = _cpu_s(broker.proc.pid), time.process_time()
+                    cpu0, client0 = machine.process_cpu_s(broker.proc.pid), time.process_time()
                     for keys in singles:
                         s = time.perf_counter()
                         got = t.lookup(keys)
                         latencies.append(time.perf_counter() - s)
                         assert got.num_rows == 1
-                    single_cpu.append(((_cpu_s(broker.proc.pid) - cpu0) / len(singles),
+                    single_cpu.append(((machine.process_cpu_s(broker.proc.pid) - cpu0) / len(singles),
                                        (time.process_time() - client0) / len(singles)))
                     _stop(p)
                     lat = np.array(latencies) * 1000

@@ -1,4 +1,5 @@
-"""What the figures were measured on: cores, memory, OS, Python, Java, client and broker versions."""
+"""What the figures were measured on: cores, memory, OS, Python, Java, client and broker versions;
+and the CPU a process has used, for figures per record."""
 
 from __future__ import annotations
 
@@ -52,3 +53,9 @@ def describe() -> dict[str, object]:
         "apache_kafka": kafka_dist.KAFKA_VERSION,
         "git_commit": _git_commit(),
     }
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process ``pid`` has used so far (all its threads)."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
