@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Callable
+from typing import NamedTuple
 
 _BASE_OFFSET = struct.Struct(">q")
 _LAST_OFFSET_DELTA = struct.Struct(">i")
@@ -67,24 +68,23 @@ class PreparedReads:
     HOLD_S = 5.0
 
     def __init__(self) -> None:
-        # id(bucket) -> (bucket, offset, limit, leader epoch, started (loop time), future)
-        self._reads: dict[int, tuple] = {}
+        self._reads: dict[int, _HeldRead] = {}  # by id(bucket)
         self._held = 0
         self.started = 0  # reads started ahead
         self.used = 0  # fetches answered with one (counted by the fetch, once the read checked out)
 
     def take(self, bucket, offset: int, limit: int, leader_epoch: int, now: float) -> asyncio.Future | None:
         """The read held for this fetch, or None."""
-        entry = self._reads.get(id(bucket))
-        if entry is None or entry[0] is not bucket:
+        held = self._reads.get(id(bucket))
+        if held is None or held.bucket is not bucket:
             return None
-        if now - entry[4] > self.HOLD_S:
+        if now - held.started > self.HOLD_S:
             self._drop(id(bucket))
             return None
-        if entry[1:4] != (offset, limit, leader_epoch):
+        if (held.offset, held.limit, held.leader_epoch) != (offset, limit, leader_epoch):
             return None
         self._drop(id(bucket))
-        return entry[5]
+        return held.future
 
     def start(self, bucket, offset: int, limit: int, leader_epoch: int, now: float,
               launch: Callable[[], asyncio.Future]) -> None:
@@ -98,16 +98,25 @@ class PreparedReads:
         future = launch()
         future.add_done_callback(_retrieve)
         self.started += 1
-        self._reads[id(bucket)] = (bucket, offset, limit, leader_epoch, now, future)
+        self._reads[id(bucket)] = _HeldRead(bucket, offset, limit, leader_epoch, now, future)
         self._held += limit
 
     def _drop(self, key: int) -> None:
-        entry = self._reads.pop(key, None)
-        if entry is not None:
-            self._held -= entry[2]
+        held = self._reads.pop(key, None)
+        if held is not None:
+            self._held -= held.limit
 
     def __len__(self) -> int:
         return len(self._reads)
+
+
+class _HeldRead(NamedTuple):
+    bucket: object
+    offset: int
+    limit: int
+    leader_epoch: int
+    started: float  # loop time
+    future: asyncio.Future
 
 
 def _retrieve(future: asyncio.Future) -> None:
